@@ -1,0 +1,64 @@
+//! `palisade`: the command-line entry point.
+//!
+//! Subcommands map onto the crates: `redis …` drives `palisade-redis`, `bench …`
+//! measures. Exit statuses are in [`exit`] and the README.
+
+mod bench;
+mod child;
+mod exit;
+mod redis_cmd;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Parses the CLI's durations: `10s`, `0.2s`, `150ms`, `2m`.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    palisade_core::duration::parse_duration(s).map_err(|e| e.to_string())
+}
+
+#[derive(Parser)]
+#[command(
+    name = "palisade",
+    version,
+    about = "Distributed locks with fencing tokens, and honest efficiency locks on Redis"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Efficiency locks on Redis: single instance and Redlock (no fencing token).
+    #[command(subcommand)]
+    Redis(redis_cmd::RedisCommand),
+    /// Benchmarks that start their own servers.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PALISADE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Redis(c) => redis_cmd::run(c).await,
+            Command::Bench(c) => bench::run(c).await,
+        }
+    });
+    let code = code.unwrap_or_else(|e| {
+        eprintln!("palisade: error: {e:#}");
+        exit::FAILURE
+    });
+    // Dropping the runtime would wait for background releases; they are best effort.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    std::process::exit(code);
+}

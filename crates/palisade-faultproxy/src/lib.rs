@@ -1,0 +1,253 @@
+//! Palisade's fault proxy: a TCP proxy placed on one link (one client to one
+//! server) that can delay, black-hole or sever the traffic on it.
+//!
+//! Kernel netem is not available where Palisade's drills run, so delays and
+//! partitions are made here, in user space, per link:
+//! - **delay**: every chunk is delivered `delay` after it was read, in order, in both
+//!   directions. Throughput is not throttled; latency is added.
+//! - **black hole**: bytes are held (not dropped) until the link is healed, as a
+//!   partition looks to TCP: the connection stays up, nothing gets through, and
+//!   retransmitted data arrives after the heal.
+//! - **sever**: every open connection on the link is closed at once.
+//!
+//! The controls are atomics read on every chunk, so a fault takes effect on data
+//! already in flight through the proxy.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+
+/// Largest chunk read at once.
+const CHUNK: usize = 64 * 1024;
+/// Chunks queued per direction before the reader waits (back-pressure).
+const QUEUE: usize = 1024;
+
+/// The fault settings of one link, shared by all its connections.
+#[derive(Debug, Default)]
+pub struct Link {
+    delay_us: AtomicU64,
+    black_hole: AtomicBool,
+    /// Bumped to sever every open connection.
+    generation: AtomicU64,
+    changed: Notify,
+}
+
+impl Link {
+    /// Adds `delay` to every chunk from now on.
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_us
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// The added delay.
+    pub fn delay(&self) -> Duration {
+        Duration::from_micros(self.delay_us.load(Ordering::SeqCst))
+    }
+
+    /// Holds all traffic until [`Link::heal`].
+    pub fn partition(&self) {
+        self.black_hole.store(true, Ordering::SeqCst);
+    }
+
+    /// Removes the partition and the delay; held bytes flow again.
+    pub fn heal(&self) {
+        self.black_hole.store(false, Ordering::SeqCst);
+        self.set_delay(Duration::ZERO);
+        self.changed.notify_waiters();
+    }
+
+    /// Closes every connection currently open on the link.
+    pub fn sever(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    async fn wait_while_partitioned(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if !self.black_hole.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A running proxy: clients connect to [`FaultProxy::addr`], traffic goes to the
+/// upstream. Stops accepting when dropped.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    link: Arc<Link>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Listens on a loopback port of its own choosing, forwarding to `upstream`.
+    ///
+    /// # Errors
+    /// When no loopback port can be bound.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let link = Arc::new(Link::default());
+        let accept_link = link.clone();
+        let accept_task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let link = accept_link.clone();
+                tokio::spawn(async move {
+                    match TcpStream::connect(upstream).await {
+                        Ok(server) => relay(client, server, link).await,
+                        Err(e) => tracing::debug!(%upstream, error = %e, "upstream refused"),
+                    }
+                });
+            }
+        });
+        Ok(FaultProxy {
+            addr,
+            link,
+            accept_task,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The link's controls.
+    pub fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+        self.link.sever();
+    }
+}
+
+async fn relay(client: TcpStream, server: TcpStream, link: Arc<Link>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let generation = link.generation.load(Ordering::SeqCst);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = pipe(client_read, server_write, link.clone());
+    let down = pipe(server_read, client_write, link.clone());
+    let severed = async {
+        loop {
+            let notified = link.changed.notified();
+            if link.generation.load(Ordering::SeqCst) != generation {
+                return;
+            }
+            notified.await;
+        }
+    };
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        () = severed => {}
+    }
+}
+
+/// One direction: a reader stamps each chunk with its delivery time, a writer
+/// delivers in order at that time, so a delay adds latency without serialising
+/// round trips behind each other.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    link: Arc<Link>,
+) {
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(QUEUE);
+    let link_w = link.clone();
+    let reader = async move {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let due = Instant::now() + link.delay();
+                    if tx.send((due, buf[..n].to_vec())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            link_w.wait_while_partitioned().await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reader, writer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo_server() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn relays_and_delays_at_least_the_delay() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut buf = [0u8; 5];
+        c.write_all(b"hello").await.unwrap();
+        c.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"hello");
+
+        proxy.link().set_delay(Duration::from_millis(50));
+        let start = std::time::Instant::now();
+        c.write_all(b"again").await.unwrap();
+        c.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"again");
+        // A lower bound only: the delay applies in both directions.
+        assert!(start.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn partition_holds_bytes_until_heal_and_sever_closes() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.link().partition();
+        c.write_all(b"held!").await.unwrap();
+        let mut buf = [0u8; 5];
+        let early = tokio::time::timeout(Duration::from_millis(100), c.read_exact(&mut buf)).await;
+        assert!(early.is_err(), "bytes crossed a partition");
+        proxy.link().heal();
+        c.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"held!");
+
+        proxy.link().sever();
+        let n = c.read(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "severed connection still open");
+    }
+}

@@ -1,0 +1,212 @@
+//! One Redis node: its connection and the three commands the lock algorithm needs.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use palisade_core::InputError;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult};
+
+use crate::tally::Answer;
+
+/// Deletes the key only if it still holds our value, so a holder whose lease ran
+/// out can never delete the next holder's lock.
+///
+/// Sent with `EVAL`, not `EVALSHA`: a node restarted without persistence has lost
+/// its script cache, and the `NOSCRIPT` fallback would cost two more round trips
+/// exactly when a release must be quick. The script is ~100 bytes.
+const RELEASE: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+  return redis.call("del", KEYS[1])
+else
+  return 0
+end"#;
+
+/// Resets the expiry only if the key still holds our value: an expired lock that
+/// someone else took is never extended on their behalf.
+const EXTEND: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+  return redis.call("pexpire", KEYS[1], ARGV[2])
+else
+  return 0
+end"#;
+
+/// What we learnt of a node's uptime, and when, on our monotonic clock.
+#[derive(Debug, Clone)]
+struct UptimeSample {
+    uptime: Duration,
+    sampled_at: Instant,
+}
+
+/// A Redis node as the lock algorithm sees it.
+///
+/// The connection is made lazily and re-made after a connection error, so a node
+/// that was down when the manager started is used as soon as it is back. A server
+/// restart always breaks the TCP connection, so a fresh connection is also the
+/// moment to re-read the node's uptime for the delayed-restart rule.
+pub(crate) struct Node {
+    /// The URL with any password removed, for messages.
+    pub display: String,
+    client: redis::Client,
+    /// Cloning a multiplexed connection is cheap; the lock is held only to clone.
+    conn: Mutex<Option<MultiplexedConnection>>,
+    uptime: Mutex<Option<UptimeSample>>,
+    /// Read `INFO server` on every new connection (the delayed-restart rule is on).
+    track_uptime: bool,
+}
+
+impl Node {
+    pub fn new(url: &str, track_uptime: bool) -> Result<Node, InputError> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| InputError::Invalid(format!("redis node URL {url:?}: {e}")))?;
+        if !matches!(parsed.scheme(), "redis" | "rediss") || parsed.host_str().is_none() {
+            return Err(InputError::Invalid(format!(
+                "redis node URL {url:?}: expected redis://HOST:PORT"
+            )));
+        }
+        let client = redis::Client::open(url)
+            .map_err(|e| InputError::Invalid(format!("redis node URL {url:?}: {e}")))?;
+        let mut display = parsed.clone();
+        if display.password().is_some() {
+            let _ = display.set_password(Some("***"));
+        }
+        Ok(Node {
+            display: display.to_string(),
+            client,
+            conn: Mutex::new(None),
+            uptime: Mutex::new(None),
+            track_uptime,
+        })
+    }
+
+    /// The cached connection, or a new one.
+    pub async fn connection(
+        &self,
+        connect_timeout: Duration,
+    ) -> RedisResult<MultiplexedConnection> {
+        if let Some(c) = self.conn.lock().expect("poisoned").as_ref() {
+            return Ok(c.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            // Our callers bound every request themselves (the per-node timeout).
+            .set_response_timeout(None);
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        if self.track_uptime {
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await?;
+            let uptime = info_field(&info, "uptime_in_seconds")
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_secs)
+                .unwrap_or(Duration::ZERO);
+            *self.uptime.lock().expect("poisoned") = Some(UptimeSample {
+                uptime,
+                sampled_at: Instant::now(),
+            });
+        }
+        *self.conn.lock().expect("poisoned") = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// The node's uptime now, extrapolated on our monotonic clock from the last
+    /// sample; `None` if never sampled (never connected).
+    pub fn uptime(&self) -> Option<Duration> {
+        let sample = self.uptime.lock().expect("poisoned").clone()?;
+        Some(sample.uptime + sample.sampled_at.elapsed())
+    }
+
+    fn forget_connection_after(&self, err: &redis::RedisError) {
+        if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error() {
+            self.conn.lock().expect("poisoned").take();
+        }
+    }
+
+    /// Runs one request with the per-node timeout and classifies the answer.
+    async fn ask<F, Fut>(&self, timeout: Duration, request: F) -> Answer
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<bool>>,
+    {
+        let attempt = async {
+            let conn = self.connection(timeout).await?;
+            request(conn).await
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Err(_) => Answer::TimedOut,
+            Ok(Ok(true)) => Answer::Granted,
+            Ok(Ok(false)) => Answer::Refused,
+            // The client library's own connect timeout is the per-node timeout too.
+            Ok(Err(e)) if e.is_timeout() => Answer::TimedOut,
+            Ok(Err(e)) => {
+                tracing::debug!(node = %self.display, error = %e, "redis request failed");
+                self.forget_connection_after(&e);
+                Answer::Failed
+            }
+        }
+    }
+
+    /// `SET key value NX PX ttl`: granted when the key was free.
+    pub async fn try_set(
+        &self,
+        timeout: Duration,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Answer {
+        self.ask(timeout, |mut c| async move {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl.as_millis() as u64)
+                .query_async(&mut c)
+                .await?;
+            Ok(set.is_some())
+        })
+        .await
+    }
+
+    /// Compare-and-delete: granted when our value was there and is now gone.
+    pub async fn release(&self, timeout: Duration, key: &str, value: &str) -> Answer {
+        self.ask(timeout, |mut c| async move {
+            let n: i64 = redis::cmd("EVAL")
+                .arg(RELEASE)
+                .arg(1)
+                .arg(key)
+                .arg(value)
+                .query_async(&mut c)
+                .await?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    /// Compare-and-pexpire: granted when our value was there and now expires
+    /// `ttl` from the node's receipt of the request.
+    pub async fn extend(&self, timeout: Duration, key: &str, value: &str, ttl: Duration) -> Answer {
+        self.ask(timeout, |mut c| async move {
+            let n: i64 = redis::cmd("EVAL")
+                .arg(EXTEND)
+                .arg(1)
+                .arg(key)
+                .arg(value)
+                .arg(ttl.as_millis() as u64)
+                .query_async(&mut c)
+                .await?;
+            Ok(n == 1)
+        })
+        .await
+    }
+}
+
+/// The value of `field` in the text of an `INFO` reply (`field:value` lines).
+pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        (k == field).then(|| v.trim())
+    })
+}

@@ -1,0 +1,38 @@
+//! Real servers for tests, benchmarks and fault drills: each started on a loopback
+//! port it chose, in its own temporary directory, and stopped when dropped.
+//!
+//! No mocks: a test that needs Redis gets a real `redis-server` process. The
+//! binaries come from `PATH` (Debian's packages), or from the environment variable
+//! named by each server type.
+
+mod redis;
+mod silent;
+
+pub use redis::RedisServer;
+pub use silent::SilentServer;
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+/// A loopback port that was free a moment ago. Servers that fail to bind it are
+/// retried on another (see the callers), which closes the race.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Polls `ready` every 20 ms until it returns true or `limit` passes.
+pub(crate) fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A loopback socket address for `port`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
