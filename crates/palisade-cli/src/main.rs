@@ -7,6 +7,7 @@ mod bench;
 mod child;
 mod exit;
 mod redis_cmd;
+mod server_cmd;
 
 use std::time::Duration;
 
@@ -30,6 +31,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a Palisade node (single-node on a fresh data directory by default).
+    Serve(server_cmd::ServeArgs),
+    /// Run CMD holding a correctness lock; CMD gets PALISADE_FENCING_TOKEN.
+    Lock(server_cmd::LockArgs),
+    /// Cluster status: members, leader, term, commit index.
+    Status(server_cmd::QueryArgs),
+    /// All locks: name, holder, token, waiters.
+    Locks(server_cmd::QueryArgs),
+    /// Is TOKEN still the current holder's token for NAME? (exit 0 yes, 1 no)
+    CheckToken(server_cmd::CheckTokenArgs),
+    /// Membership changes.
+    #[command(subcommand)]
+    Cluster(server_cmd::ClusterCommand),
     /// Efficiency locks on Redis: single instance and Redlock (no fencing token).
     #[command(subcommand)]
     Redis(redis_cmd::RedisCommand),
@@ -50,6 +64,12 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let code = runtime.block_on(async {
         match cli.command {
+            Command::Serve(a) => server_cmd::serve(a).await,
+            Command::Lock(a) => server_cmd::lock(a).await,
+            Command::Status(a) => server_cmd::status(a).await,
+            Command::Locks(a) => server_cmd::locks(a).await,
+            Command::CheckToken(a) => server_cmd::check_token(a).await,
+            Command::Cluster(c) => server_cmd::cluster(c).await,
             Command::Redis(c) => redis_cmd::run(c).await,
             Command::Bench(c) => bench::run(c).await,
         }

@@ -11,6 +11,7 @@
 pub mod duration;
 pub mod lease;
 pub mod limits;
+pub mod machine;
 pub mod token;
 
 pub use lease::LeaseState;

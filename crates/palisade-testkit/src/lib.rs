@@ -5,9 +5,11 @@
 //! binaries come from `PATH` (Debian's packages), or from the environment variable
 //! named by each server type.
 
+mod palisade;
 mod redis;
 mod silent;
 
+pub use palisade::PalisadeNode;
 pub use redis::RedisServer;
 pub use silent::SilentServer;
 

@@ -1,0 +1,382 @@
+//! `palisade serve|lock|status|locks|check-token|cluster`: the correctness half.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use palisade_client::{AcquireOptions, Admin, Client, ClientConfig, ClientError, FencingToken};
+
+use crate::child::{Ended, run_holding, shell_status};
+use crate::{duration_arg, exit};
+
+/// The default client port and listen address of `palisade serve`.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
+
+/// Where clients find the cluster.
+#[derive(Args, Clone)]
+pub struct Endpoints {
+    /// Cluster nodes, comma-separated HOST:PORT (any of them; the leader is found).
+    #[arg(long, value_delimiter = ',', env = "PALISADE_ENDPOINTS", default_value = DEFAULT_ADDR)]
+    endpoints: Vec<String>,
+}
+
+impl Endpoints {
+    fn config(&self) -> ClientConfig {
+        ClientConfig::new(self.endpoints.clone())
+    }
+}
+
+/// `palisade serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// This node's id.
+    #[arg(long, default_value_t = 1)]
+    id: u64,
+    /// Address to listen on, for clients and peers.
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    listen: SocketAddr,
+    /// Address others reach this node at (default: the listen address).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Where the log, vote and snapshots live.
+    #[arg(long, default_value = "palisade-data")]
+    data_dir: PathBuf,
+    /// Bootstrap a cluster: every node as ID=HOST:PORT, comma-separated. Omit for a
+    /// single-node cluster.
+    #[arg(long)]
+    initial_cluster: Option<String>,
+    /// Join an existing cluster later (via `palisade cluster add-learner`) instead
+    /// of bootstrapping.
+    #[arg(long)]
+    join: bool,
+    /// Snapshot and compact the log every this many entries.
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_every: u64,
+}
+
+/// `palisade lock`.
+#[derive(Args)]
+pub struct LockArgs {
+    /// The lock name.
+    name: String,
+    #[command(flatten)]
+    endpoints: Endpoints,
+    /// Session TTL: how long the lock survives this process dying silently.
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    ttl: Duration,
+    /// How long to wait for the lock (0: fail at once if held).
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    wait: Duration,
+    /// Keep the lock unavailable this long after our session expires.
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    lock_delay: Duration,
+    /// Time CMD gets between SIGTERM and SIGKILL when the lock is lost.
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    grace: Duration,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `palisade status` / `palisade locks`.
+#[derive(Args)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    endpoints: Endpoints,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `palisade check-token`.
+#[derive(Args)]
+pub struct CheckTokenArgs {
+    /// The lock name.
+    name: String,
+    /// The token to check.
+    token: FencingToken,
+    #[command(flatten)]
+    endpoints: Endpoints,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `palisade cluster …`.
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Add a node as a learner (it catches up, but does not vote).
+    AddLearner {
+        /// The new node's id.
+        id: u64,
+        /// Its address, HOST:PORT.
+        addr: String,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
+    /// Set the voting members (promotes learners, removes unlisted members).
+    SetVoters {
+        /// Node ids, comma-separated.
+        #[arg(value_delimiter = ',')]
+        voters: Vec<u64>,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
+}
+
+/// Runs a node until SIGINT/SIGTERM.
+pub async fn serve(a: ServeArgs) -> Result<i32> {
+    let initial_cluster = match &a.initial_cluster {
+        Some(s) => {
+            palisade_server::service::parse_initial_cluster(s).map_err(anyhow::Error::msg)?
+        }
+        None => Default::default(),
+    };
+    let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
+    let config = palisade_server::ServerConfig {
+        id: a.id,
+        listen: a.listen,
+        advertise,
+        data_dir: a.data_dir.clone(),
+        initial_cluster,
+        snapshot_every: a.snapshot_every,
+        join: a.join,
+    };
+    eprintln!(
+        "palisade: node {} serving on {} (data in {})",
+        a.id,
+        a.listen,
+        a.data_dir.display()
+    );
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    palisade_server::run(config, shutdown).await?;
+    Ok(0)
+}
+
+/// Runs CMD holding the lock.
+pub async fn lock(a: LockArgs) -> Result<i32> {
+    let mut config = a.endpoints.config();
+    config.session_ttl = a.ttl;
+    let client = match Client::connect(config).await {
+        Ok(c) => c,
+        Err(e @ ClientError::InvalidInput(_)) => {
+            eprintln!("palisade: {e}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => {
+            eprintln!("palisade: lock {:?} not obtained: {e}", a.name);
+            return Ok(exit::NOT_OBTAINED);
+        }
+    };
+    let options = AcquireOptions {
+        wait: a.wait,
+        lock_delay: a.lock_delay,
+    };
+    let guard = match client.acquire(&a.name, &options).await {
+        Ok(g) => g,
+        Err(e @ ClientError::InvalidInput(_)) => {
+            eprintln!("palisade: {e}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => {
+            eprintln!("palisade: lock {:?} not obtained: {e}", a.name);
+            return Ok(exit::NOT_OBTAINED);
+        }
+    };
+    eprintln!(
+        "palisade: holding {:?} with fencing token {} (session {})",
+        a.name,
+        guard.token(),
+        client.session_id()
+    );
+    let env = [
+        ("PALISADE_LOCK".to_owned(), a.name.clone()),
+        (
+            "PALISADE_FENCING_TOKEN".to_owned(),
+            guard.token().to_string(),
+        ),
+    ];
+    let lost = guard.lost();
+    let ended = run_holding(
+        &a.command,
+        &env,
+        async move {
+            lost.await;
+            "the session could not be kept alive".to_owned()
+        },
+        a.grace,
+    )
+    .await;
+    let outcome = match ended? {
+        Ended::Exited(status) => {
+            if let Err(e) = guard.release().await {
+                eprintln!("palisade: release of {:?}: {e}", a.name);
+            }
+            shell_status(status)
+        }
+        Ended::Lost { reason, status } => {
+            eprintln!(
+                "palisade: lock {:?} lost ({reason}); stopped the command ({status})",
+                a.name
+            );
+            drop(guard);
+            exit::LOST
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), client.close()).await;
+    Ok(outcome)
+}
+
+/// `palisade status`.
+pub async fn status(a: QueryArgs) -> Result<i32> {
+    let admin = Admin::new(&a.endpoints.config())?;
+    let s = admin.status().await.context("no node answered")?;
+    if a.json {
+        let members = |m: &[palisade_client::Member]| {
+            m.iter()
+                .map(|m| serde_json::json!({"id": m.id, "addr": m.addr}))
+                .collect::<Vec<_>>()
+        };
+        let v = serde_json::json!({
+            "id": s.id,
+            "leader": if s.leader == 0 { serde_json::Value::Null } else { s.leader.into() },
+            "term": s.term,
+            "commit_index": s.commit_index,
+            "last_applied": s.last_applied,
+            "state": s.state,
+            "members": members(&s.members),
+            "learners": members(&s.learners),
+        });
+        println!("{v}");
+    } else {
+        println!("answered by  node {} ({})", s.id, s.state);
+        println!(
+            "leader       {}",
+            if s.leader == 0 {
+                "none".into()
+            } else {
+                format!("node {}", s.leader)
+            }
+        );
+        println!("term         {}", s.term);
+        println!("commit index {}", s.commit_index);
+        println!("applied      {}", s.last_applied);
+        for m in &s.members {
+            println!(
+                "member       {} {}{}",
+                m.id,
+                m.addr,
+                if m.id == s.leader { "  (leader)" } else { "" }
+            );
+        }
+        for m in &s.learners {
+            println!("learner      {} {}", m.id, m.addr);
+        }
+    }
+    Ok(0)
+}
+
+/// `palisade locks`.
+pub async fn locks(a: QueryArgs) -> Result<i32> {
+    let admin = Admin::new(&a.endpoints.config())?;
+    let locks = admin.list().await.context("no leader answered")?;
+    if a.json {
+        for l in &locks {
+            let v = serde_json::json!({
+                "name": l.name,
+                "holder": if l.holder_session == 0 { serde_json::Value::Null } else { l.holder_session.into() },
+                "holder_label": l.holder_label,
+                "token": if l.token == 0 { serde_json::Value::Null } else { l.token.into() },
+                "waiters": l.waiters,
+                "in_lock_delay": l.in_lock_delay,
+            });
+            println!("{v}");
+        }
+    } else {
+        println!(
+            "{:<32} {:>8} {:>10} {:>8}  holder",
+            "name", "session", "token", "waiters"
+        );
+        for l in &locks {
+            println!(
+                "{:<32} {:>8} {:>10} {:>8}  {}{}",
+                l.name,
+                if l.holder_session == 0 {
+                    "-".into()
+                } else {
+                    l.holder_session.to_string()
+                },
+                if l.token == 0 {
+                    "-".into()
+                } else {
+                    l.token.to_string()
+                },
+                l.waiters.len(),
+                l.holder_label,
+                if l.in_lock_delay { " (lock-delay)" } else { "" }
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// `palisade check-token`: exit 0 when current, 1 when stale.
+pub async fn check_token(a: CheckTokenArgs) -> Result<i32> {
+    let admin = Admin::new(&a.endpoints.config())?;
+    let (current, holder) = admin.check_token(&a.name, a.token).await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"name": a.name, "token": a.token.get(), "current": current,
+                "current_token": holder.map(FencingToken::get)})
+        );
+    } else if current {
+        println!(
+            "token {} is the current holder's token for {:?}",
+            a.token, a.name
+        );
+    } else {
+        println!(
+            "token {} is stale for {:?}; current: {}",
+            a.token,
+            a.name,
+            holder.map_or("none (not held)".into(), |t| t.to_string())
+        );
+    }
+    Ok(if current { 0 } else { exit::FAILURE })
+}
+
+/// `palisade cluster …`.
+pub async fn cluster(c: ClusterCommand) -> Result<i32> {
+    match c {
+        ClusterCommand::AddLearner {
+            id,
+            addr,
+            endpoints,
+        } => {
+            let index = Admin::new(&endpoints.config())?
+                .add_learner(id, &addr)
+                .await?;
+            println!("node {id} ({addr}) added as a learner at log index {index}");
+        }
+        ClusterCommand::SetVoters { voters, endpoints } => {
+            if voters.is_empty() {
+                bail!("give at least one voter");
+            }
+            let index = Admin::new(&endpoints.config())?
+                .change_membership(&voters)
+                .await?;
+            println!("voters are now {voters:?} (log index {index})");
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,448 @@
+//! The Palisade server end to end: real `palisade serve` processes on loopback,
+//! real clients, `kill -9`. No assertion depends on how fast the machine is:
+//! waits are for events, with generous bounds.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use palisade_client::{AcquireOptions, Admin, Client, ClientConfig, ClientError, FencingToken};
+use palisade_proto::ErrorCode;
+use palisade_proto::v1::locks_client::LocksClient;
+use palisade_proto::v1::{AcquireRequest, CreateSessionRequest, KeepAliveRequest, ReleaseRequest};
+use palisade_testkit::PalisadeNode;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_palisade"))
+}
+
+fn config(nodes: &[&PalisadeNode]) -> ClientConfig {
+    let mut c = ClientConfig::new(nodes.iter().map(|n| n.addr()));
+    c.retry_for = Duration::from_secs(30);
+    c
+}
+
+async fn client(nodes: &[&PalisadeNode]) -> Client {
+    Client::connect(config(nodes)).await.expect("connect")
+}
+
+fn now_or_never() -> AcquireOptions {
+    AcquireOptions::default()
+}
+
+fn waiting(secs: u64) -> AcquireOptions {
+    AcquireOptions {
+        wait: Duration::from_secs(secs),
+        ..Default::default()
+    }
+}
+
+/// Polls `check` every 50 ms for up to 60 s.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// The leader, as the given nodes see it, once it is one of them.
+async fn leader_of(nodes: &[&PalisadeNode]) -> u64 {
+    let admin = Admin::new(&config(nodes)).unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if let Ok(s) = admin.status().await
+            && nodes.iter().any(|n| n.id() == s.leader)
+        {
+            return s.leader;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no leader elected");
+}
+
+async fn take(c: &Client, name: &str) -> FencingToken {
+    let g = c.acquire(name, &now_or_never()).await.expect("acquire");
+    let t = g.token();
+    g.release().await.expect("release");
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_tokens_increase_across_kill9_and_restart() {
+    let mut node = PalisadeNode::single(bin()).unwrap();
+    let mut last = None;
+    for round in 0..3 {
+        let c = client(&[&node]).await;
+        for _ in 0..3 {
+            let t = take(&c, "demo").await;
+            assert!(
+                last.is_none_or(|l| t > l),
+                "round {round}: token {t} after {last:?}"
+            );
+            last = Some(t);
+        }
+        drop(c);
+        node.kill();
+        node.start().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_excludes_others_and_release_hands_over() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let (a, b) = (client(&[&node]).await, client(&[&node]).await);
+    let ga = a.acquire("x", &now_or_never()).await.unwrap();
+    assert!(matches!(
+        b.acquire("x", &now_or_never()).await,
+        Err(ClientError::WouldBlock)
+    ));
+    // Re-acquiring by the holder returns the same grant.
+    let again = a.acquire("x", &now_or_never()).await.unwrap();
+    assert_eq!(again.token(), ga.token());
+    std::mem::forget(again);
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move { b2.acquire("x", &waiting(60)).await });
+    eventually("b queued", || async {
+        a.get("x")
+            .await
+            .unwrap()
+            .is_some_and(|l| l.waiters.len() == 1)
+    })
+    .await;
+    let ta = ga.token();
+    ga.release().await.unwrap();
+    let gb = waiter.await.unwrap().unwrap();
+    let tb = gb.token();
+    assert!(tb > ta);
+    let (is_current, current) = a.check_token("x", ta).await.unwrap();
+    assert!(!is_current);
+    assert_eq!(current, Some(tb));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_waiters_are_granted_in_fifo_order() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let holder = client(&[&node]).await;
+    let g = holder.acquire("fifo", &now_or_never()).await.unwrap();
+    let first = g.token();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut sessions = Vec::new();
+    for i in 0..5usize {
+        let c = client(&[&node]).await;
+        sessions.push(c.session_id());
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let g = c.acquire("fifo", &waiting(120)).await.unwrap();
+            tx.send((i, g.token())).unwrap();
+            g.release().await.unwrap();
+        });
+        // Queue them one at a time, so the queue order is known.
+        eventually("waiter queued", || async {
+            holder
+                .get("fifo")
+                .await
+                .unwrap()
+                .is_some_and(|l| l.waiters.len() == i + 1)
+        })
+        .await;
+    }
+    let queued = holder.get("fifo").await.unwrap().unwrap().waiters;
+    assert_eq!(queued, sessions);
+    g.release().await.unwrap();
+    let mut last = first;
+    for expected in 0..5 {
+        let (i, token) = rx.recv().await.unwrap();
+        assert_eq!(i, expected, "granted out of order");
+        assert!(token > last);
+        last = token;
+    }
+}
+
+/// A raw session that nobody keeps alive.
+async fn abandoned_session(
+    addr: &str,
+    ttl_ms: u64,
+) -> (LocksClient<tonic::transport::Channel>, u64) {
+    let mut raw = LocksClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let s = raw
+        .create_session(CreateSessionRequest {
+            ttl_ms,
+            label: "abandoned".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (raw, s.session_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let (mut raw, session) = abandoned_session(&node.addr(), 1_000).await;
+    let t1 = raw
+        .acquire(AcquireRequest {
+            session_id: session,
+            name: "job".into(),
+            wait_ms: 0,
+            lock_delay_ms: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let c = client(&[&node]).await;
+    let g = c
+        .acquire("job", &waiting(60))
+        .await
+        .expect("granted after the silent holder expired");
+    assert!(g.token().get() > t1);
+    // The expired session is gone: its keep-alives and releases are refused.
+    let err = raw
+        .keep_alive(KeepAliveRequest {
+            session_id: session,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(ErrorCode::of(&err), Some(ErrorCode::UnknownSession));
+    let err = raw
+        .release(ReleaseRequest {
+            session_id: session,
+            name: "job".into(),
+            token: t1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(ErrorCode::of(&err), Some(ErrorCode::UnknownSession));
+    assert_eq!(c.get("job").await.unwrap().unwrap().token, g.token().get());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_holds_the_lock_after_expiry_but_not_after_release() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let (mut raw, session) = abandoned_session(&node.addr(), 500).await;
+    raw.acquire(AcquireRequest {
+        session_id: session,
+        name: "d".into(),
+        wait_ms: 0,
+        lock_delay_ms: 10_000,
+    })
+    .await
+    .unwrap();
+    let c = client(&[&node]).await;
+    let c2 = c.clone();
+    let waiter =
+        tokio::spawn(async move { c2.acquire("d", &waiting(120)).await.map(|g| g.token()) });
+    // After the expiry the lock has no holder but is in lock-delay, and the waiter
+    // is still waiting.
+    eventually("holder expired", || async {
+        c.get("d")
+            .await
+            .unwrap()
+            .is_some_and(|l| l.holder_session == 0)
+    })
+    .await;
+    let l = c.get("d").await.unwrap().unwrap();
+    assert!(l.in_lock_delay, "{l:?}");
+    assert!(!waiter.is_finished());
+    let other = client(&[&node]).await;
+    assert!(matches!(
+        other.acquire("d", &now_or_never()).await,
+        Err(ClientError::WouldBlock)
+    ));
+    waiter.await.unwrap().expect("granted once the delay ended");
+
+    // A clean release never delays.
+    let g = c
+        .acquire(
+            "e",
+            &AcquireOptions {
+                lock_delay: Duration::from_secs(30),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    other
+        .acquire("e", &now_or_never())
+        .await
+        .expect("no delay after a clean release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_typed_errors() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let c = client(&[&node]).await;
+    for name in [String::new(), "x".repeat(300), "a\nb".into()] {
+        assert!(matches!(
+            c.acquire(&name, &now_or_never()).await,
+            Err(ClientError::InvalidInput(_))
+        ));
+    }
+    let mut cfg = config(&[&node]);
+    cfg.session_ttl = Duration::ZERO;
+    assert!(matches!(
+        Client::connect(cfg.clone()).await,
+        Err(ClientError::InvalidInput(_))
+    ));
+    cfg.session_ttl = Duration::from_secs(365 * 24 * 3600);
+    assert!(matches!(
+        Client::connect(cfg).await,
+        Err(ClientError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        Admin::new(&ClientConfig::new(["not an endpoint"])),
+        Err(ClientError::InvalidInput(_))
+    ));
+
+    let mut raw = LocksClient::connect(format!("http://{}", node.addr()))
+        .await
+        .unwrap();
+    let err = raw
+        .keep_alive(KeepAliveRequest {
+            session_id: 999_999,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(ErrorCode::of(&err), Some(ErrorCode::UnknownSession));
+    let err = raw
+        .create_session(CreateSessionRequest {
+            ttl_ms: 0,
+            label: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(ErrorCode::of(&err), Some(ErrorCode::InvalidInput));
+    let err = raw
+        .acquire(AcquireRequest {
+            session_id: c.session_id(),
+            name: "q".into(),
+            wait_ms: 0,
+            lock_delay_ms: 3_600_000,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(ErrorCode::of(&err), Some(ErrorCode::InvalidInput));
+
+    let g = c.acquire("held", &now_or_never()).await.unwrap();
+    let t = g.token().get();
+    for (session, token, expected) in [
+        (c.session_id(), t + 1, ErrorCode::StaleToken),
+        (c.session_id(), 0, ErrorCode::InvalidInput),
+        (999_999, t, ErrorCode::UnknownSession),
+    ] {
+        let err = raw
+            .release(ReleaseRequest {
+                session_id: session,
+                name: "held".into(),
+                token,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(ErrorCode::of(&err), Some(expected), "{err:?}");
+    }
+    // Nothing changed: still held with the same token.
+    assert_eq!(c.get("held").await.unwrap().unwrap().token, t);
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_survive_leader_kill_and_full_restart() {
+    let mut nodes = PalisadeNode::cluster(bin(), 3, &[]).unwrap();
+    let refs: Vec<&PalisadeNode> = nodes.iter().collect();
+    let leader = leader_of(&refs).await;
+    let holder = client(&refs).await;
+    let held = holder
+        .acquire("held-through-failover", &now_or_never())
+        .await
+        .unwrap();
+    let worker = client(&refs).await;
+    let mut last = held.token();
+    for _ in 0..5 {
+        let t = take(&worker, "work").await;
+        assert!(t > last);
+        last = t;
+    }
+    drop(refs);
+
+    nodes[(leader - 1) as usize].kill();
+    let survivors: Vec<&PalisadeNode> = nodes.iter().filter(|n| n.is_running()).collect();
+    let new_leader = leader_of(&survivors).await;
+    assert_ne!(new_leader, leader);
+    for _ in 0..5 {
+        let t = take(&worker, "work").await;
+        assert!(t > last, "token {t} after {last} across the failover");
+        last = t;
+    }
+    // The holder kept its lock through the failover.
+    let info = worker.get("held-through-failover").await.unwrap().unwrap();
+    assert_eq!(info.token, held.token().get());
+    assert_eq!(info.holder_session, holder.session_id());
+    drop(survivors);
+    nodes[(leader - 1) as usize].start().unwrap();
+
+    drop((held, holder, worker));
+    for n in &mut nodes {
+        n.kill();
+    }
+    for n in &mut nodes {
+        n.start().unwrap();
+    }
+    let refs: Vec<&PalisadeNode> = nodes.iter().collect();
+    let c = client(&refs).await;
+    let t = take(&c, "work").await;
+    assert!(t > last, "token {t} after a full restart, last was {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_for_thousands_of_entries_catches_up() {
+    let mut nodes = PalisadeNode::cluster(bin(), 3, &["--snapshot-every", "500"]).unwrap();
+    let refs: Vec<&PalisadeNode> = nodes.iter().collect();
+    let leader = leader_of(&refs).await;
+    drop(refs);
+    let down = if leader == 3 { 1 } else { 3 };
+    nodes[(down - 1) as usize].kill();
+    let up: Vec<&PalisadeNode> = nodes.iter().filter(|n| n.is_running()).collect();
+    let c = client(&up).await;
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..130 {
+                take(&c, &format!("k{w}")).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let target = Admin::new(&config(&up))
+        .unwrap()
+        .status()
+        .await
+        .unwrap()
+        .commit_index;
+    assert!(target > 2_000, "only {target} entries");
+    drop(up);
+    nodes[(down - 1) as usize].start().unwrap();
+    let lagging = Admin::new(&ClientConfig::new([nodes[(down - 1) as usize].addr()])).unwrap();
+    eventually("the restarted node caught up", || {
+        let lagging = lagging.clone();
+        async move {
+            lagging
+                .status()
+                .await
+                .is_ok_and(|s| s.last_applied >= target)
+        }
+    })
+    .await;
+}

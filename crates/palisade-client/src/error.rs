@@ -1,0 +1,62 @@
+//! The client's one error type.
+
+use palisade_proto::ErrorCode;
+
+/// What can go wrong talking to a Palisade cluster.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// The request is malformed or out of bounds; nothing changed.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The lock is held and the request did not wait.
+    #[error("the lock is held by another session")]
+    WouldBlock,
+    /// The wait ran out before the lock was granted.
+    #[error("the wait ran out before the lock was granted")]
+    WaitTimeout,
+    /// The session is gone (expired or closed): its locks are no longer held.
+    #[error("the session expired: its locks are no longer held")]
+    SessionExpired,
+    /// The session does not hold the lock (e.g. it was released already).
+    #[error("not the holder: {0}")]
+    NotHolder(String),
+    /// The token is not the current holder's.
+    #[error("stale token: {0}")]
+    StaleToken(String),
+    /// A server limit was reached.
+    #[error("limit reached: {0}")]
+    LimitReached(String),
+    /// No leader answered in time. The outcome of a write is unknown.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    /// The server answered something this client does not understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// Whether the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::WouldBlock | ClientError::WaitTimeout | ClientError::Unavailable(_)
+        )
+    }
+
+    /// Maps a status that is not a redirect to an error.
+    pub(crate) fn from_status(status: &tonic::Status) -> Self {
+        let msg = status.message().to_owned();
+        match ErrorCode::of(status) {
+            Some(ErrorCode::InvalidInput) => ClientError::InvalidInput(msg),
+            Some(ErrorCode::WouldBlock) => ClientError::WouldBlock,
+            Some(ErrorCode::WaitTimeout) => ClientError::WaitTimeout,
+            Some(ErrorCode::UnknownSession) => ClientError::SessionExpired,
+            Some(ErrorCode::NotHolder) => ClientError::NotHolder(msg),
+            Some(ErrorCode::StaleToken) => ClientError::StaleToken(msg),
+            Some(ErrorCode::LimitReached) => ClientError::LimitReached(msg),
+            Some(ErrorCode::NotLeader | ErrorCode::Unavailable) | None => {
+                ClientError::Unavailable(format!("{}: {msg}", status.code()))
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The guard of a correctness lock.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use palisade_core::{FencingToken, LeaseState};
+use palisade_proto::v1::ReleaseRequest;
+use palisade_proto::v1::locks_client::LocksClient;
+
+use crate::{Client, ClientError};
+
+/// The header name fenced HTTP resources read the token from.
+pub const FENCING_TOKEN_HEADER: &str = "Fencing-Token";
+
+/// Proof that this session was granted a lock, with the grant's fencing token.
+///
+/// Pass [`FencedGuard::token`] to every write on the protected resource; the
+/// resource must reject tokens lower than the highest it has seen. Dropping the
+/// guard releases the lock in the background (best effort).
+pub struct FencedGuard {
+    client: Client,
+    name: String,
+    token: FencingToken,
+    released: bool,
+}
+
+impl FencedGuard {
+    pub(crate) fn new(client: Client, name: String, token: FencingToken) -> Self {
+        FencedGuard {
+            client,
+            name,
+            token,
+            released: false,
+        }
+    }
+
+    /// The fencing token: the Raft log index of the entry that granted this lock.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The token as an HTTP header `(name, value)` for a fenced store.
+    pub fn fencing_header(&self) -> (&'static str, String) {
+        (FENCING_TOKEN_HEADER, self.token.to_string())
+    }
+
+    /// The token as a SQL parameter (`BIGINT`; tokens stay below 2^63).
+    pub fn sql_token(&self) -> i64 {
+        i64::try_from(self.token.get()).unwrap_or(i64::MAX)
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How long the lock is still guaranteed (see the crate docs).
+    pub fn remaining(&self) -> Duration {
+        self.client.remaining()
+    }
+
+    /// Held; jeopardy when less than half the TTL is guaranteed (keep-alives are
+    /// failing); lost at zero.
+    pub fn state(&self) -> LeaseState {
+        LeaseState::classify(self.remaining(), self.client.session_ttl() / 2)
+    }
+
+    /// Completes when the guarantee runs out. Owns what it needs.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.client.session.subscribe();
+        async move {
+            loop {
+                let until = *rx.borrow_and_update();
+                if until <= Instant::now() {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(until.into()) => {}
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+            }
+        }
+    }
+
+    /// Releases the lock; the next waiter (if any) is granted it at once.
+    ///
+    /// # Errors
+    /// [`ClientError::NotHolder`] / [`ClientError::StaleToken`] when the lock was
+    /// no longer ours (nothing changed then), [`ClientError::Unavailable`].
+    pub async fn release(mut self) -> Result<(), ClientError> {
+        self.released = true;
+        release(&self.client, &self.name, self.token).await
+    }
+}
+
+async fn release(client: &Client, name: &str, token: FencingToken) -> Result<(), ClientError> {
+    let session = client.session.id;
+    client
+        .conn
+        .call(client.conn.retry_for, |ch| {
+            let req = ReleaseRequest {
+                session_id: session,
+                name: name.to_owned(),
+                token: token.get(),
+            };
+            async move { LocksClient::new(ch).release(req).await }
+        })
+        .await
+        .map(|_| ())
+}
+
+impl Drop for FencedGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (client, name, token) = (
+                self.client.clone(),
+                std::mem::take(&mut self.name),
+                self.token,
+            );
+            rt.spawn(async move {
+                let _ = release(&client, &name, token).await;
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for FencedGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedGuard")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("remaining", &self.remaining())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,373 @@
+//! The Palisade client: connect to any nodes, follow the leader, keep a session
+//! alive in the background, and take **correctness** locks whose guards carry a
+//! fencing token.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), palisade_client::ClientError> {
+//! use palisade_client::{AcquireOptions, Client, ClientConfig};
+//! let client = Client::connect(ClientConfig::new(["127.0.0.1:7420"])).await?;
+//! let guard = client.acquire("reports/nightly", &AcquireOptions::default()).await?;
+//! // Hand the token to the resource; it must reject any lower token.
+//! println!("Fencing-Token: {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # What a guard promises
+//! [`FencedGuard::remaining`] is how long the lock is still *guaranteed*: measured
+//! on this process's monotonic clock from the moment the last successful
+//! keep-alive was **sent**, minus a safety margin. The server restarts the session's
+//! countdown when it *receives* the keep-alive, which is later, so the client's
+//! figure is conservative. [`FencedGuard::lost`] completes when it reaches zero.
+//! Even so, a process can pause right after checking: that is what the fencing
+//! token is for. The resource must check it.
+//!
+//! This crate does not depend on the server: it needs only the wire types.
+
+mod connector;
+mod error;
+mod guard;
+mod session;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use error::ClientError;
+pub use guard::{FENCING_TOKEN_HEADER, FencedGuard};
+pub use palisade_core::{FencingToken, LeaseState};
+use palisade_proto::v1::cluster_client::ClusterClient;
+use palisade_proto::v1::locks_client::LocksClient;
+use palisade_proto::v1::{
+    AcquireRequest, AddLearnerRequest, CancelAcquireRequest, ChangeMembershipRequest,
+    CheckTokenRequest, GetRequest, ListRequest, StatusRequest,
+};
+pub use palisade_proto::v1::{LockInfo, Member, StatusResponse as ClusterStatus};
+
+use connector::Connector;
+use session::Session;
+
+/// How to reach the cluster and what session to open.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Any nodes of the cluster, `HOST:PORT`. The leader is found from there.
+    pub endpoints: Vec<String>,
+    /// The session's lease. Locks are held as long as the session lives.
+    pub session_ttl: Duration,
+    /// Subtracted from every guarantee, to cover clock-rate differences between
+    /// this host and the leader. `None`: a tenth of the TTL, at least 50 ms.
+    pub safety_margin: Option<Duration>,
+    /// Time allowed to each RPC attempt.
+    pub rpc_timeout: Duration,
+    /// How long to keep retrying across leader changes before giving up.
+    pub retry_for: Duration,
+    /// Shown by `palisade locks` next to the locks this session holds.
+    pub label: String,
+}
+
+impl ClientConfig {
+    /// Defaults: 10 s session TTL, 2 s per RPC, retry for 10 s.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        ClientConfig {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            session_ttl: Duration::from_secs(10),
+            safety_margin: None,
+            rpc_timeout: Duration::from_secs(2),
+            retry_for: Duration::from_secs(10),
+            label: default_label(),
+        }
+    }
+}
+
+fn default_label() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}/pid {}", host.trim(), std::process::id())
+}
+
+/// How to acquire one lock.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireOptions {
+    /// How long to wait in the lock's FIFO queue. Zero: fail at once with
+    /// [`ClientError::WouldBlock`] if it is held.
+    pub wait: Duration,
+    /// After this holder's session expires (not after a clean release) the lock
+    /// stays unavailable for this long. At most 60 s.
+    pub lock_delay: Duration,
+}
+
+/// A connection to a Palisade cluster with one session. Cheap to clone; the
+/// session ends when the last clone is dropped (or on [`Client::close`]).
+#[derive(Clone)]
+pub struct Client {
+    conn: Arc<Connector>,
+    session: Arc<Session>,
+}
+
+impl Client {
+    /// Connects, opens a session and starts keeping it alive.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidInput`] for no endpoints or a bad TTL,
+    /// [`ClientError::Unavailable`] when no leader answered within `retry_for`.
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        if config.endpoints.is_empty() {
+            return Err(ClientError::InvalidInput("no endpoints given".into()));
+        }
+        palisade_core::limits::validate_ttl(config.session_ttl)
+            .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+        let conn = Arc::new(Connector::new(&config)?);
+        let session = Session::open(conn.clone(), &config).await?;
+        Ok(Client { conn, session })
+    }
+
+    /// The session id.
+    pub fn session_id(&self) -> u64 {
+        self.session.id
+    }
+
+    /// The session's TTL as the server granted it.
+    pub fn session_ttl(&self) -> Duration {
+        self.session.ttl
+    }
+
+    /// How long the session (and every lock it holds) is still guaranteed.
+    pub fn remaining(&self) -> Duration {
+        self.session.remaining()
+    }
+
+    /// Acquires `name`, waiting up to `options.wait` in FIFO order. The server
+    /// answers the moment the lock is granted.
+    ///
+    /// # Errors
+    /// [`ClientError::WouldBlock`], [`ClientError::WaitTimeout`],
+    /// [`ClientError::InvalidInput`], [`ClientError::SessionExpired`],
+    /// [`ClientError::Unavailable`]. After `Unavailable` the outcome was unknown;
+    /// the client has asked the server to cancel it.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        options: &AcquireOptions,
+    ) -> Result<FencedGuard, ClientError> {
+        palisade_core::limits::validate_name(name)
+            .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+        self.session.check_alive()?;
+        let give_up = Instant::now() + options.wait;
+        let request = |wait: Duration| AcquireRequest {
+            session_id: self.session.id,
+            name: name.to_owned(),
+            wait_ms: wait.as_millis() as u64,
+            lock_delay_ms: options.lock_delay.as_millis() as u64,
+        };
+        // A retry after a leader change is safe: acquiring a lock the session
+        // already holds returns the same grant, and a waiter is never queued twice.
+        let result = self
+            .conn
+            .call(options.wait + self.conn.retry_for, |ch| {
+                let wait = give_up.saturating_duration_since(Instant::now());
+                let mut req = tonic::Request::new(request(wait));
+                req.set_timeout(wait + self.conn.rpc_timeout);
+                async move { LocksClient::new(ch).acquire(req).await }
+            })
+            .await;
+        match result {
+            Ok(reply) => {
+                let token = FencingToken::new(reply.token)
+                    .ok_or_else(|| ClientError::Protocol("server granted token 0".into()))?;
+                Ok(FencedGuard::new(self.clone(), name.to_owned(), token))
+            }
+            Err(ClientError::Unavailable(why)) => {
+                self.cancel_in_background(name);
+                Err(ClientError::Unavailable(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Asks the server to forget an acquisition whose answer we did not get.
+    fn cancel_in_background(&self, name: &str) {
+        let (conn, session, name) = (self.conn.clone(), self.session.id, name.to_owned());
+        tokio::spawn(async move {
+            let _ = conn
+                .call(conn.retry_for, |ch| {
+                    let req = CancelAcquireRequest {
+                        session_id: session,
+                        name: name.clone(),
+                    };
+                    async move { LocksClient::new(ch).cancel_acquire(req).await }
+                })
+                .await;
+        });
+    }
+
+    /// One lock, read linearizably. `None` when nobody holds or waits for it.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn get(&self, name: &str) -> Result<Option<LockInfo>, ClientError> {
+        let reply = self
+            .conn
+            .call(self.conn.retry_for, |ch| {
+                let req = GetRequest {
+                    name: name.to_owned(),
+                };
+                async move { LocksClient::new(ch).get(req).await }
+            })
+            .await?;
+        Ok(reply.lock)
+    }
+
+    /// All locks by name, read linearizably.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn list(&self) -> Result<Vec<LockInfo>, ClientError> {
+        list(&self.conn).await
+    }
+
+    /// Whether `token` is still the current holder's token for `name`, and the
+    /// current token if any.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn check_token(
+        &self,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<(bool, Option<FencingToken>), ClientError> {
+        check_token(&self.conn, name, token).await
+    }
+
+    /// The cluster as the leader sees it.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn status(&self) -> Result<ClusterStatus, ClientError> {
+        status(&self.conn).await
+    }
+
+    /// Closes the session: every lock it holds is released at once.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like; the session then expires after
+    /// its TTL.
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.session.close().await
+    }
+}
+
+/// Calls that need no session: status, listing, token checks, membership.
+#[derive(Clone)]
+pub struct Admin {
+    conn: Arc<Connector>,
+}
+
+impl Admin {
+    /// Connects without opening a session.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidInput`] for no endpoints or a malformed one.
+    pub fn new(config: &ClientConfig) -> Result<Admin, ClientError> {
+        if config.endpoints.is_empty() {
+            return Err(ClientError::InvalidInput("no endpoints given".into()));
+        }
+        Ok(Admin {
+            conn: Arc::new(Connector::new(config)?),
+        })
+    }
+
+    /// The cluster as the leader sees it.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn status(&self) -> Result<ClusterStatus, ClientError> {
+        status(&self.conn).await
+    }
+
+    /// All locks, read linearizably.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn list(&self) -> Result<Vec<LockInfo>, ClientError> {
+        list(&self.conn).await
+    }
+
+    /// See [`Client::check_token`].
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn check_token(
+        &self,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<(bool, Option<FencingToken>), ClientError> {
+        check_token(&self.conn, name, token).await
+    }
+
+    /// Adds a node as a learner (it receives the log but does not vote).
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn add_learner(&self, id: u64, addr: &str) -> Result<u64, ClientError> {
+        let reply = self
+            .conn
+            .call(self.conn.retry_for, |ch| {
+                let req = AddLearnerRequest {
+                    id,
+                    addr: addr.to_owned(),
+                };
+                async move { ClusterClient::new(ch).add_learner(req).await }
+            })
+            .await?;
+        Ok(reply.log_index)
+    }
+
+    /// Makes exactly `voters` the voting members (learners are promoted; members
+    /// not listed are removed).
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn change_membership(&self, voters: &[u64]) -> Result<u64, ClientError> {
+        let reply = self
+            .conn
+            .call(self.conn.retry_for, |ch| {
+                let req = ChangeMembershipRequest {
+                    voters: voters.to_vec(),
+                };
+                async move { ClusterClient::new(ch).change_membership(req).await }
+            })
+            .await?;
+        Ok(reply.log_index)
+    }
+}
+
+async fn status(conn: &Connector) -> Result<ClusterStatus, ClientError> {
+    conn.call(conn.retry_for, |ch| async move {
+        LocksClient::new(ch).status(StatusRequest {}).await
+    })
+    .await
+}
+
+async fn list(conn: &Connector) -> Result<Vec<LockInfo>, ClientError> {
+    let reply = conn
+        .call(conn.retry_for, |ch| async move {
+            LocksClient::new(ch).list(ListRequest {}).await
+        })
+        .await?;
+    Ok(reply.locks)
+}
+
+async fn check_token(
+    conn: &Connector,
+    name: &str,
+    token: FencingToken,
+) -> Result<(bool, Option<FencingToken>), ClientError> {
+    let reply = conn
+        .call(conn.retry_for, |ch| {
+            let req = CheckTokenRequest {
+                name: name.to_owned(),
+                token: token.get(),
+            };
+            async move { LocksClient::new(ch).check_token(req).await }
+        })
+        .await?;
+    Ok((reply.current, FencingToken::new(reply.current_token)))
+}

@@ -1,0 +1,167 @@
+//! The session: its lease as this client may rely on it, and the keep-alive loop.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use palisade_proto::v1::locks_client::LocksClient;
+use palisade_proto::v1::{CloseSessionRequest, CreateSessionRequest, KeepAliveRequest};
+use tokio::sync::watch;
+
+use crate::connector::Connector;
+use crate::{ClientConfig, ClientError};
+
+/// One session and its guarantee.
+pub(crate) struct Session {
+    pub id: u64,
+    pub ttl: Duration,
+    conn: Arc<Connector>,
+    /// Until when the lease is guaranteed, on our monotonic clock: the send time
+    /// of the last acknowledged keep-alive + TTL − margin. Only moves forward,
+    /// except to "now" when the session is known dead.
+    guaranteed_until: watch::Sender<Instant>,
+    dead: AtomicBool,
+    keepalive: tokio::task::AbortHandle,
+}
+
+impl Session {
+    pub async fn open(
+        conn: Arc<Connector>,
+        config: &ClientConfig,
+    ) -> Result<Arc<Session>, ClientError> {
+        let sent = Instant::now();
+        let label = config.label.clone();
+        let reply = conn
+            .call(conn.retry_for, |ch| {
+                let req = CreateSessionRequest {
+                    ttl_ms: config.session_ttl.as_millis() as u64,
+                    label: label.clone(),
+                };
+                async move { LocksClient::new(ch).create_session(req).await }
+            })
+            .await?;
+        let ttl = Duration::from_millis(reply.ttl_ms);
+        let margin = config
+            .safety_margin
+            .unwrap_or_else(|| (ttl / 10).max(Duration::from_millis(50)))
+            .min(ttl / 2);
+        let session = Arc::new_cyclic(|weak: &std::sync::Weak<Session>| {
+            let weak = weak.clone();
+            let task = tokio::spawn(async move { keep_alive(weak, margin).await });
+            Session {
+                id: reply.session_id,
+                ttl,
+                conn,
+                guaranteed_until: watch::Sender::new(sent + ttl - margin),
+                dead: AtomicBool::new(false),
+                keepalive: task.abort_handle(),
+            }
+        });
+        Ok(session)
+    }
+
+    pub fn remaining(&self) -> Duration {
+        self.guaranteed_until
+            .borrow()
+            .saturating_duration_since(Instant::now())
+    }
+
+    pub fn check_alive(&self) -> Result<(), ClientError> {
+        if self.dead.load(Ordering::SeqCst) || self.remaining().is_zero() {
+            Err(ClientError::SessionExpired)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Instant> {
+        self.guaranteed_until.subscribe()
+    }
+
+    fn mark_dead(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.guaranteed_until.send_replace(Instant::now());
+    }
+
+    pub async fn close(&self) -> Result<(), ClientError> {
+        self.keepalive.abort();
+        let id = self.id;
+        let result = self
+            .conn
+            .call(self.conn.retry_for, |ch| async move {
+                LocksClient::new(ch)
+                    .close_session(CloseSessionRequest { session_id: id })
+                    .await
+            })
+            .await;
+        self.mark_dead();
+        result.map(|_| ())
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.keepalive.abort();
+        if self.dead.load(Ordering::SeqCst) {
+            return;
+        }
+        // Best effort: closing releases our locks now instead of after the TTL.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (conn, id) = (self.conn.clone(), self.id);
+            rt.spawn(async move {
+                let _ = conn
+                    .call(Duration::from_secs(2), |ch| async move {
+                        LocksClient::new(ch)
+                            .close_session(CloseSessionRequest { session_id: id })
+                            .await
+                    })
+                    .await;
+            });
+        }
+    }
+}
+
+/// Sends a keep-alive every quarter TTL (sooner after a failure) for as long as
+/// the session exists.
+async fn keep_alive(session: std::sync::Weak<Session>, margin: Duration) {
+    let mut pause = Duration::ZERO;
+    loop {
+        tokio::time::sleep(pause).await;
+        let Some(s) = session.upgrade() else { return };
+        let every = s.ttl / 4;
+        let attempt_timeout = s.conn.rpc_timeout.min(every);
+        let sent = Instant::now();
+        let id = s.id;
+        let reply = s
+            .conn
+            .call(attempt_timeout, |ch| {
+                let mut req = tonic::Request::new(KeepAliveRequest { session_id: id });
+                req.set_timeout(attempt_timeout);
+                async move { LocksClient::new(ch).keep_alive(req).await }
+            })
+            .await;
+        match reply {
+            Ok(r) => {
+                let ttl = Duration::from_millis(r.ttl_ms).min(s.ttl);
+                let until = sent + ttl.saturating_sub(margin);
+                s.guaranteed_until.send_if_modified(|current| {
+                    let later = until > *current;
+                    if later {
+                        *current = until;
+                    }
+                    later
+                });
+                pause = every;
+            }
+            Err(ClientError::SessionExpired) => {
+                tracing::warn!(session = id, "session expired on the server");
+                s.mark_dead();
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(session = id, error = %e, "keep-alive failed; retrying");
+                pause = Duration::from_millis(100).min(every);
+            }
+        }
+    }
+}

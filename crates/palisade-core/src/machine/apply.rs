@@ -1,0 +1,338 @@
+//! The transition function. Every handler checks everything that could refuse the
+//! command *before* it mutates anything, so a refusal leaves no trace.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
+
+use super::MAX_WAITERS_PER_LOCK;
+use super::command::{Applied, Command, DelayedLock, Grant, Outcome, Reply, SessionId};
+use super::error::MachineError;
+use super::state::{Holder, LockMachine, LockState, SessionState, Waiter};
+use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
+use crate::FencingToken;
+use crate::limits::{validate_name, validate_ttl};
+
+/// The token for a grant made by the entry at `index`.
+fn token_at(index: u64) -> FencingToken {
+    FencingToken::new(index).expect("apply asserts index > last_applied >= 0, so index >= 1")
+}
+
+impl LockMachine {
+    /// Applies the committed log entry at `index`.
+    ///
+    /// Deterministic: the result depends only on the current state, `index` and
+    /// `cmd`. Never panics on any command; refusals are
+    /// [`MachineError`]s that change nothing except [`last_applied`](Self::last_applied).
+    ///
+    /// # Panics
+    /// If `index` is not greater than [`last_applied`](Self::last_applied): applying
+    /// an entry twice or out of order is a bug in the caller and would silently
+    /// fork this replica from the others.
+    pub fn apply(&mut self, index: u64, cmd: Command) -> Applied {
+        assert!(
+            index > self.last_applied,
+            "LockMachine::apply: log index {index} is not after the last applied index {}; \
+             entries must be applied exactly once, in log order",
+            self.last_applied
+        );
+        self.last_applied = index;
+        let mut grants = Vec::new();
+        let outcome = match cmd {
+            Command::CreateSession { ttl_ms, label } => self.create_session(index, ttl_ms, label),
+            Command::CloseSession { session } => {
+                self.end_session(index, session, false, &mut grants)
+            }
+            Command::ExpireSession { session } => {
+                self.end_session(index, session, true, &mut grants)
+            }
+            Command::Acquire {
+                session,
+                name,
+                wait,
+                lock_delay_ms,
+            } => self.acquire(index, session, name, wait, lock_delay_ms, &mut grants),
+            Command::Release {
+                session,
+                name,
+                token,
+            } => self.release(index, session, name, token, &mut grants),
+            Command::CancelWait { session, name } => self.cancel_wait(session, name),
+            Command::EndLockDelay { name } => self.end_lock_delay(index, name, &mut grants),
+        };
+        debug_assert!(
+            outcome.is_ok() || grants.is_empty(),
+            "a refusal granted a lock"
+        );
+        Applied {
+            index,
+            outcome,
+            grants,
+        }
+    }
+
+    fn session_mut(&mut self, session: SessionId) -> Result<&mut SessionState, MachineError> {
+        self.sessions
+            .get_mut(&session)
+            .ok_or(MachineError::UnknownSession { session })
+    }
+
+    fn create_session(&mut self, index: u64, ttl_ms: u64, label: String) -> Outcome {
+        validate_ttl(Duration::from_millis(ttl_ms))?;
+        if label.len() > MAX_LABEL_LEN {
+            return Err(MachineError::LabelTooLong {
+                len: label.len(),
+                limit: MAX_LABEL_LEN,
+            });
+        }
+        if self.sessions.len() >= MAX_SESSIONS {
+            return Err(MachineError::TooManySessions {
+                limit: MAX_SESSIONS,
+            });
+        }
+        let session = SessionId(index);
+        self.sessions.insert(
+            session,
+            SessionState {
+                ttl_ms,
+                label,
+                held: BTreeSet::new(),
+                waiting: BTreeSet::new(),
+            },
+        );
+        Ok(Reply::SessionCreated { session })
+    }
+
+    fn end_session(
+        &mut self,
+        index: u64,
+        session: SessionId,
+        expired: bool,
+        grants: &mut Vec<Grant>,
+    ) -> Outcome {
+        let gone = self
+            .sessions
+            .remove(&session)
+            .ok_or(MachineError::UnknownSession { session })?;
+        // Waits go first so that no hand-off below can pick the departing session.
+        for name in &gone.waiting {
+            let lock = self
+                .locks
+                .get_mut(name)
+                .expect("a session waits only on existing locks");
+            lock.waiters.retain(|w| w.session != session);
+        }
+        let mut lock_delay = Vec::new();
+        for name in &gone.held {
+            let lock = self
+                .locks
+                .get_mut(name)
+                .expect("a session holds only existing locks");
+            lock.holder = None;
+            if expired && lock.lock_delay_ms > 0 {
+                // The dead holder may still be writing; keep everyone out for a while
+                // and leave the queue as it is.
+                lock.delay_since = Some(index);
+                lock_delay.push(DelayedLock {
+                    name: name.clone(),
+                    lock_delay_ms: lock.lock_delay_ms,
+                });
+            } else {
+                self.grant_next_or_free(index, name, grants);
+            }
+        }
+        Ok(Reply::SessionEnded {
+            session,
+            released: gone.held.into_iter().collect(),
+            lock_delay,
+            dropped_waits: gone.waiting.into_iter().collect(),
+        })
+    }
+
+    /// Hands a lock that has just become available to its first waiter, or forgets
+    /// it if nobody waits.
+    fn grant_next_or_free(&mut self, index: u64, name: &str, grants: &mut Vec<Grant>) {
+        let lock = self
+            .locks
+            .get_mut(name)
+            .expect("caller passes an existing lock");
+        debug_assert!(lock.holder.is_none() && lock.delay_since.is_none());
+        let Some(next) = lock.waiters.pop_front() else {
+            self.locks.remove(name);
+            return;
+        };
+        let token = token_at(index);
+        lock.holder = Some(Holder {
+            session: next.session,
+            token,
+        });
+        lock.lock_delay_ms = next.lock_delay_ms;
+        let s = self
+            .sessions
+            .get_mut(&next.session)
+            .expect("every waiter's session is alive");
+        s.waiting.remove(name);
+        s.held.insert(name.to_owned());
+        grants.push(Grant {
+            name: name.to_owned(),
+            session: next.session,
+            token,
+        });
+    }
+
+    fn acquire(
+        &mut self,
+        index: u64,
+        session: SessionId,
+        name: String,
+        wait: bool,
+        lock_delay_ms: u64,
+        grants: &mut Vec<Grant>,
+    ) -> Outcome {
+        validate_name(&name)?;
+        if lock_delay_ms > MAX_LOCK_DELAY_MS {
+            return Err(MachineError::LockDelayTooLong {
+                lock_delay_ms,
+                limit: MAX_LOCK_DELAY_MS,
+            });
+        }
+        let s = self
+            .sessions
+            .get(&session)
+            .ok_or(MachineError::UnknownSession { session })?;
+        let too_many = MachineError::TooManyLocks {
+            session,
+            limit: MAX_LOCKS_PER_SESSION,
+        };
+        let at_limit = s.lock_count() >= MAX_LOCKS_PER_SESSION;
+        let already_queued = s.waiting.contains(&name);
+
+        let Some(lock) = self.locks.get_mut(&name) else {
+            if at_limit {
+                return Err(too_many);
+            }
+            let token = token_at(index);
+            self.locks.insert(
+                name.clone(),
+                LockState {
+                    holder: Some(Holder { session, token }),
+                    lock_delay_ms,
+                    delay_since: None,
+                    waiters: VecDeque::new(),
+                },
+            );
+            self.session_mut(session)?.held.insert(name.clone());
+            grants.push(Grant {
+                name,
+                session,
+                token,
+            });
+            return Ok(Reply::Acquired {
+                token,
+                reacquired: false,
+            });
+        };
+
+        // A retry of a request that already took effect (the client could not tell,
+        // e.g. across a leader change) must get the same answer, never a second grant.
+        if let Some(h) = lock.holder.filter(|h| h.session == session) {
+            return Ok(Reply::Acquired {
+                token: h.token,
+                reacquired: true,
+            });
+        }
+        if already_queued {
+            let position = lock
+                .waiters
+                .iter()
+                .position(|w| w.session == session)
+                .expect("session mirror says it is queued");
+            return Ok(Reply::Queued {
+                position: position + 1,
+            });
+        }
+        if !wait {
+            return Ok(Reply::WouldBlock {
+                holder_token: lock.holder.map(|h| h.token),
+            });
+        }
+        if lock.waiters.len() >= MAX_WAITERS_PER_LOCK {
+            return Err(MachineError::TooManyWaiters {
+                name,
+                limit: MAX_WAITERS_PER_LOCK,
+            });
+        }
+        if at_limit {
+            return Err(too_many);
+        }
+        lock.waiters.push_back(Waiter {
+            session,
+            lock_delay_ms,
+        });
+        let position = lock.waiters.len();
+        self.session_mut(session)?.waiting.insert(name);
+        Ok(Reply::Queued { position })
+    }
+
+    fn release(
+        &mut self,
+        index: u64,
+        session: SessionId,
+        name: String,
+        token: FencingToken,
+        grants: &mut Vec<Grant>,
+    ) -> Outcome {
+        validate_name(&name)?;
+        self.session_mut(session)?;
+        let lock = self
+            .locks
+            .get_mut(&name)
+            .ok_or_else(|| MachineError::NoSuchLock { name: name.clone() })?;
+        let holder = match lock.holder {
+            Some(h) if h.session == session => h,
+            _ => return Err(MachineError::NotHolder { name }),
+        };
+        if holder.token != token {
+            return Err(MachineError::StaleToken {
+                presented: token,
+                current: holder.token,
+            });
+        }
+        lock.holder = None;
+        self.session_mut(session)?.held.remove(&name);
+        self.grant_next_or_free(index, &name, grants);
+        Ok(Reply::Released)
+    }
+
+    fn cancel_wait(&mut self, session: SessionId, name: String) -> Outcome {
+        validate_name(&name)?;
+        let s = self.session_mut(session)?;
+        if !s.waiting.remove(&name) {
+            let holder = self.locks.get(&name).and_then(|l| l.holder);
+            return match holder {
+                Some(h) if h.session == session => {
+                    Err(MachineError::AlreadyGranted { token: h.token })
+                }
+                _ => Err(MachineError::NotWaiting { name }),
+            };
+        }
+        let lock = self
+            .locks
+            .get_mut(&name)
+            .expect("a session waits only on existing locks");
+        // The lock is held or in lock-delay (a free lock has no queue), so removing
+        // a waiter never makes it grantable.
+        lock.waiters.retain(|w| w.session != session);
+        Ok(Reply::WaitCancelled)
+    }
+
+    fn end_lock_delay(&mut self, index: u64, name: String, grants: &mut Vec<Grant>) -> Outcome {
+        validate_name(&name)?;
+        let lock = match self.locks.get_mut(&name) {
+            Some(lock) if lock.delay_since.is_some() => lock,
+            _ => return Err(MachineError::NotInLockDelay { name }),
+        };
+        lock.delay_since = None;
+        self.grant_next_or_free(index, &name, grants);
+        Ok(Reply::LockDelayEnded)
+    }
+}

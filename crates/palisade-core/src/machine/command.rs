@@ -1,0 +1,181 @@
+//! What goes into the log ([`Command`]) and what comes out of applying it
+//! ([`Applied`]).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::MachineError;
+use crate::FencingToken;
+
+/// A session's id: the log index of the [`Command::CreateSession`] entry that
+/// created it, hence unique for the life of the cluster and never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionId(pub u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// One log entry's worth of change to the lock state.
+///
+/// Only the leader proposes these; the three session-ending and delay-ending
+/// commands encode decisions the leader took on its own monotonic clock, so that
+/// replicas never need a clock of their own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Command {
+    /// Opens a session; its id is this entry's index.
+    CreateSession {
+        /// Lease length the leader will enforce, in milliseconds; recorded so a new
+        /// leader can restart the countdown at full length.
+        ttl_ms: u64,
+        /// Free text for operators (host, pid, purpose), at most
+        /// [`MAX_LABEL_LEN`](super::MAX_LABEL_LEN) bytes.
+        label: String,
+    },
+    /// Clean goodbye: releases everything the session holds, hands each lock to its
+    /// next waiter, drops its waits. Never starts a lock-delay, since the holder
+    /// said it was done.
+    CloseSession {
+        /// The session that is leaving.
+        session: SessionId,
+    },
+    /// The leader saw the session's lease run out. Like [`Command::CloseSession`],
+    /// except that a held lock whose `lock_delay_ms` is non-zero stays unavailable
+    /// until [`Command::EndLockDelay`]: the dead holder may still be mid-write.
+    ExpireSession {
+        /// The session whose lease ran out.
+        session: SessionId,
+    },
+    /// Take a lock, or queue for it.
+    Acquire {
+        /// Who asks.
+        session: SessionId,
+        /// Which lock.
+        name: String,
+        /// Queue if the lock is unavailable, instead of answering
+        /// [`Reply::WouldBlock`].
+        wait: bool,
+        /// Lock-delay to apply if this session's lease later expires while it holds
+        /// the lock; at most [`MAX_LOCK_DELAY_MS`](super::MAX_LOCK_DELAY_MS).
+        lock_delay_ms: u64,
+    },
+    /// Give a lock back. Only the holder, presenting its current token, may.
+    Release {
+        /// Who releases.
+        session: SessionId,
+        /// Which lock.
+        name: String,
+        /// The token of the grant being released; a stale one is refused so a
+        /// delayed release from an earlier grant cannot free a later one.
+        #[serde(with = "super::wire::token")]
+        token: FencingToken,
+    },
+    /// A waiter gives up (its wait timed out on the client or the leader).
+    CancelWait {
+        /// Who gives up.
+        session: SessionId,
+        /// Which lock it was waiting for.
+        name: String,
+    },
+    /// The leader's lock-delay timer for `name` ran out: the lock goes to its first
+    /// waiter or becomes free.
+    EndLockDelay {
+        /// Which lock.
+        name: String,
+    },
+}
+
+/// A lock handed to a session by one entry: what the server pushes to the client
+/// that has been waiting for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The lock.
+    pub name: String,
+    /// Its new holder.
+    pub session: SessionId,
+    /// The fencing token: the index of the entry that made the grant.
+    #[serde(with = "super::wire::token")]
+    pub token: FencingToken,
+}
+
+/// A lock that entered lock-delay because its holder's session expired. The
+/// leader starts a timer of `lock_delay_ms` and then proposes
+/// [`Command::EndLockDelay`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelayedLock {
+    /// The lock.
+    pub name: String,
+    /// How long it must stay unavailable, as chosen by the expired holder.
+    pub lock_delay_ms: u64,
+}
+
+/// The successful answers to a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// [`Command::CreateSession`] succeeded.
+    SessionCreated {
+        /// The new session's id (the entry's index).
+        session: SessionId,
+    },
+    /// [`Command::CloseSession`] or [`Command::ExpireSession`] succeeded. Hand-offs
+    /// to waiters are in [`Applied::grants`].
+    SessionEnded {
+        /// The session that is gone.
+        session: SessionId,
+        /// Every lock it held, by name.
+        released: Vec<String>,
+        /// The subset of `released` that entered lock-delay (only on expiry).
+        lock_delay: Vec<DelayedLock>,
+        /// Locks it was queued for; those waits are gone.
+        dropped_waits: Vec<String>,
+    },
+    /// The session holds the lock.
+    Acquired {
+        /// Its fencing token.
+        #[serde(with = "super::wire::token")]
+        token: FencingToken,
+        /// `true` when the session already held the lock and this is the same grant
+        /// returned again (a retried request), not a new one.
+        reacquired: bool,
+    },
+    /// The session waits in the lock's FIFO queue; the grant will come as an
+    /// [`Applied::grants`] entry of some later command.
+    Queued {
+        /// 1-based place in the queue: `1` is next in line.
+        position: usize,
+    },
+    /// The lock is unavailable and the caller did not want to wait. Nothing changed.
+    WouldBlock {
+        /// The current holder's token, or `None` while the lock is in lock-delay.
+        #[serde(with = "super::wire::opt_token")]
+        holder_token: Option<FencingToken>,
+    },
+    /// [`Command::Release`] succeeded.
+    Released,
+    /// [`Command::CancelWait`] succeeded.
+    WaitCancelled,
+    /// [`Command::EndLockDelay`] succeeded.
+    LockDelayEnded,
+}
+
+/// What one command did: its answer, or why it was refused.
+pub type Outcome = Result<Reply, MachineError>;
+
+/// The result of applying one log entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The entry's log index.
+    pub index: u64,
+    /// The answer for whoever proposed the command.
+    pub outcome: Outcome,
+    /// Every grant this entry made, including hand-offs to waiters: the server
+    /// notifies each grantee from this list, so no client ever polls. Empty when the
+    /// outcome is an error.
+    pub grants: Vec<Grant>,
+}

@@ -1,0 +1,130 @@
+//! Why a command was refused, and why a snapshot was.
+
+use serde::{Deserialize, Serialize};
+
+use super::command::SessionId;
+use crate::{FencingToken, InputError};
+
+/// Why the state machine refused a command. A refused command changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "error", rename_all = "snake_case")]
+pub enum MachineError {
+    /// A lock name or a TTL is outside the documented limits.
+    #[error("invalid input: {input}")]
+    Input {
+        /// The specific problem.
+        #[serde(with = "super::wire::InputErrorDef")]
+        input: InputError,
+    },
+    /// The requested lock-delay exceeds [`MAX_LOCK_DELAY_MS`](super::MAX_LOCK_DELAY_MS).
+    #[error("lock delay {lock_delay_ms} ms exceeds the limit of {limit} ms")]
+    LockDelayTooLong {
+        /// The rejected value.
+        lock_delay_ms: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The session label exceeds [`MAX_LABEL_LEN`](super::MAX_LABEL_LEN) bytes.
+    #[error("session label is {len} bytes long; the limit is {limit}")]
+    LabelTooLong {
+        /// Length of the rejected label, in bytes.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// No such session: never created, closed, or expired.
+    #[error("unknown session {session} (closed, expired or never created)")]
+    UnknownSession {
+        /// The session named by the command.
+        session: SessionId,
+    },
+    /// Release of a lock that nobody holds or waits for.
+    #[error("no such lock {name:?}")]
+    NoSuchLock {
+        /// The lock named by the command.
+        name: String,
+    },
+    /// Release by a session that does not hold the lock.
+    #[error("session does not hold lock {name:?}")]
+    NotHolder {
+        /// The lock named by the command.
+        name: String,
+    },
+    /// Release by the holder, but with the token of an earlier (or never issued)
+    /// grant: probably a delayed duplicate, and obeying it would free a newer grant.
+    #[error("stale token {presented} for this lock; the current grant is {current}")]
+    StaleToken {
+        /// The token in the command.
+        #[serde(with = "super::wire::token")]
+        presented: FencingToken,
+        /// The token of the grant the session holds now.
+        #[serde(with = "super::wire::token")]
+        current: FencingToken,
+    },
+    /// Cancel of a wait that is not queued.
+    #[error("session is not waiting for lock {name:?}")]
+    NotWaiting {
+        /// The lock named by the command.
+        name: String,
+    },
+    /// Cancel of a wait that has already turned into a grant: the caller holds the
+    /// lock and must release it rather than walk away.
+    #[error("the lock was already granted to this session with token {token}")]
+    AlreadyGranted {
+        /// The token of that grant.
+        #[serde(with = "super::wire::token")]
+        token: FencingToken,
+    },
+    /// End of a lock-delay for a lock that is not in one (a duplicate proposal).
+    #[error("lock {name:?} is not in lock-delay")]
+    NotInLockDelay {
+        /// The lock named by the command.
+        name: String,
+    },
+    /// [`MAX_SESSIONS`](super::MAX_SESSIONS) sessions are already open.
+    #[error("too many sessions (limit {limit})")]
+    TooManySessions {
+        /// The limit.
+        limit: usize,
+    },
+    /// The lock's queue is at [`MAX_WAITERS_PER_LOCK`](super::MAX_WAITERS_PER_LOCK).
+    #[error("too many waiters for lock {name:?} (limit {limit})")]
+    TooManyWaiters {
+        /// The lock named by the command.
+        name: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The session already holds or waits for
+    /// [`MAX_LOCKS_PER_SESSION`](super::MAX_LOCKS_PER_SESSION) locks.
+    #[error("session {session} holds or waits for too many locks (limit {limit})")]
+    TooManyLocks {
+        /// The session named by the command.
+        session: SessionId,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+impl From<InputError> for MachineError {
+    fn from(input: InputError) -> Self {
+        MachineError::Input { input }
+    }
+}
+
+/// The state breaks one of the machine's invariants; the message says which.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("lock state invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+/// Why bytes could not be turned back into a [`LockMachine`](super::LockMachine).
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Not a snapshot of this state machine's format.
+    #[error("cannot decode lock state snapshot: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// Decodes, but describes a state `apply` could never have produced (corruption
+    /// or a bug); loading it would let replicas diverge.
+    #[error(transparent)]
+    Inconsistent(#[from] InvariantViolation),
+}

@@ -1,0 +1,203 @@
+//! The replicated state itself, its snapshot form, and the invariants it keeps.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::SessionId;
+use super::error::{InvariantViolation, SnapshotError};
+use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
+use super::{MAX_WAITERS_PER_LOCK, wire};
+use crate::FencingToken;
+
+/// The whole lock state of a Palisade cluster, as every replica holds it.
+///
+/// Ordered maps and queues only, so that two replicas with equal states also
+/// serialize to equal bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockMachine {
+    /// Index of the last entry applied; every entry advances it, refused or not.
+    pub(super) last_applied: u64,
+    pub(super) sessions: BTreeMap<SessionId, SessionState>,
+    /// Only locks that are held or in lock-delay: a free lock has no entry, which
+    /// keeps the state from growing with every name ever used.
+    pub(super) locks: BTreeMap<String, LockState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct SessionState {
+    pub(super) ttl_ms: u64,
+    pub(super) label: String,
+    /// Mirrors of the lock table, so ending a session and enforcing
+    /// [`MAX_LOCKS_PER_SESSION`] need not scan every lock.
+    pub(super) held: BTreeSet<String>,
+    pub(super) waiting: BTreeSet<String>,
+}
+
+impl SessionState {
+    pub(super) fn lock_count(&self) -> usize {
+        self.held.len() + self.waiting.len()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct LockState {
+    /// `None` only while in lock-delay.
+    pub(super) holder: Option<Holder>,
+    /// The lock-delay that applies if the holder expires (the holder's choice);
+    /// while in lock-delay, the one being served.
+    pub(super) lock_delay_ms: u64,
+    /// Index of the [`ExpireSession`](super::Command::ExpireSession) entry that
+    /// started the current lock-delay.
+    pub(super) delay_since: Option<u64>,
+    pub(super) waiters: VecDeque<Waiter>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Holder {
+    pub(super) session: SessionId,
+    #[serde(with = "wire::token")]
+    pub(super) token: FencingToken,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Waiter {
+    pub(super) session: SessionId,
+    /// Remembered until the grant, when it becomes the lock's lock-delay.
+    pub(super) lock_delay_ms: u64,
+}
+
+impl LockMachine {
+    /// An empty state, as before the first log entry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Index of the last applied entry (`0` before any).
+    pub fn last_applied(&self) -> u64 {
+        self.last_applied
+    }
+
+    /// The whole state, `last_applied` included, as JSON bytes for a Raft snapshot.
+    pub fn to_snapshot_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self)
+            .expect("lock state has only string-or-integer map keys and always serializes")
+    }
+
+    /// Restores a state written by [`to_snapshot_bytes`](Self::to_snapshot_bytes).
+    ///
+    /// # Errors
+    /// [`SnapshotError::Decode`] if the bytes are not such a snapshot,
+    /// [`SnapshotError::Inconsistent`] if they decode to a state that breaks an
+    /// invariant (see [`check_invariants`](Self::check_invariants)).
+    pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let machine: Self = serde_json::from_slice(bytes)?;
+        machine.check_invariants()?;
+        Ok(machine)
+    }
+
+    /// Verifies every structural invariant: each lock is held xor in lock-delay;
+    /// holders and waiters are live sessions; no session waits twice for a lock or
+    /// waits for one it holds; the per-session mirrors agree with the lock table;
+    /// ids and tokens are not from the future; all limits hold.
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        let fail = |msg: String| Err(InvariantViolation(msg));
+        // Each queue entry is checked against its session's mirror below; equal
+        // totals then rule out mirror entries with no queue entry behind them.
+        let mut waits_claimed = 0;
+        if self.sessions.len() > MAX_SESSIONS {
+            return fail(format!("{} sessions", self.sessions.len()));
+        }
+        for (id, s) in &self.sessions {
+            if id.0 == 0 || id.0 > self.last_applied {
+                return fail(format!("session id {id} outside 1..={}", self.last_applied));
+            }
+            if crate::limits::validate_ttl(std::time::Duration::from_millis(s.ttl_ms)).is_err() {
+                return fail(format!("session {id} has ttl {} ms", s.ttl_ms));
+            }
+            if s.label.len() > MAX_LABEL_LEN {
+                return fail(format!("session {id} label too long"));
+            }
+            if s.lock_count() > MAX_LOCKS_PER_SESSION {
+                return fail(format!("session {id} has {} locks", s.lock_count()));
+            }
+            for name in &s.held {
+                let held = self.locks.get(name).and_then(|l| l.holder);
+                if held.map(|h| h.session) != Some(*id) {
+                    return fail(format!("session {id} thinks it holds {name:?}"));
+                }
+            }
+            waits_claimed += s.waiting.len();
+        }
+        let mut waits_found = 0;
+        for (name, lock) in &self.locks {
+            if crate::limits::validate_name(name).is_err() {
+                return fail(format!("invalid lock name {name:?}"));
+            }
+            if lock.holder.is_some() == lock.delay_since.is_some() {
+                return fail(format!(
+                    "lock {name:?} must be either held or in lock-delay"
+                ));
+            }
+            if lock.lock_delay_ms > MAX_LOCK_DELAY_MS {
+                return fail(format!(
+                    "lock {name:?} has lock-delay {}",
+                    lock.lock_delay_ms
+                ));
+            }
+            if lock.delay_since.is_some_and(|i| i > self.last_applied) {
+                return fail(format!("lock {name:?} lock-delay starts in the future"));
+            }
+            if let Some(h) = lock.holder {
+                if h.token.get() > self.last_applied {
+                    return fail(format!("lock {name:?} token {} from the future", h.token));
+                }
+                let mirrored = self
+                    .sessions
+                    .get(&h.session)
+                    .is_some_and(|s| s.held.contains(name));
+                if !mirrored {
+                    return fail(format!("holder {} of {name:?} unknown", h.session));
+                }
+            }
+            if lock.waiters.len() > MAX_WAITERS_PER_LOCK {
+                return fail(format!("lock {name:?} has {} waiters", lock.waiters.len()));
+            }
+            let mut seen = BTreeSet::new();
+            for w in &lock.waiters {
+                if !seen.insert(w.session) {
+                    return fail(format!("session {} queued twice for {name:?}", w.session));
+                }
+                if lock.holder.is_some_and(|h| h.session == w.session) {
+                    return fail(format!(
+                        "session {} holds and waits for {name:?}",
+                        w.session
+                    ));
+                }
+                if w.lock_delay_ms > MAX_LOCK_DELAY_MS {
+                    return fail(format!(
+                        "waiter of {name:?} asks lock-delay {}",
+                        w.lock_delay_ms
+                    ));
+                }
+                let mirrored = self
+                    .sessions
+                    .get(&w.session)
+                    .is_some_and(|s| s.waiting.contains(name));
+                if !mirrored {
+                    return fail(format!("waiter {} of {name:?} unknown", w.session));
+                }
+                waits_found += 1;
+            }
+        }
+        if waits_claimed != waits_found {
+            return fail(format!(
+                "sessions claim {waits_claimed} waits but the queues hold {waits_found}"
+            ));
+        }
+        Ok(())
+    }
+}

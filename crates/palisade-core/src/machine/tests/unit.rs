@@ -1,0 +1,673 @@
+use super::*;
+use crate::limits::{InputError, MAX_NAME_LEN};
+
+fn acquired(applied: &Applied) -> FencingToken {
+    match applied.outcome {
+        Ok(Reply::Acquired { token, .. }) => token,
+        ref other => panic!("not acquired: {other:?}"),
+    }
+}
+
+#[test]
+fn session_id_and_first_token_are_entry_indices() {
+    let mut h = Harness::new();
+    h.next = 7;
+    let s = h.session();
+    assert_eq!(s, SessionId(7));
+    let a = h.apply(acquire(s, "db", false, 0));
+    assert_eq!(a.index, 8);
+    assert_eq!(
+        a.outcome,
+        Ok(Reply::Acquired {
+            token: tok(8),
+            reacquired: false
+        })
+    );
+    assert_eq!(
+        a.grants,
+        vec![Grant {
+            name: "db".into(),
+            session: s,
+            token: tok(8)
+        }]
+    );
+    let view = h.m.get("db").unwrap();
+    assert_eq!(view.holder, Some(s));
+    assert_eq!(view.token, Some(tok(8)));
+}
+
+#[test]
+fn five_waiters_are_served_in_fifo_order_with_handoff_indices_as_tokens() {
+    let mut h = Harness::new();
+    let owner = h.session();
+    let waiters: Vec<SessionId> = (0..5).map(|_| h.session()).collect();
+    let mut token = acquired(&h.apply(acquire(owner, "q", true, 0)));
+    for (i, w) in waiters.iter().enumerate() {
+        let a = h.apply(acquire(*w, "q", true, 0));
+        assert_eq!(a.outcome, Ok(Reply::Queued { position: i + 1 }));
+        assert!(a.grants.is_empty());
+    }
+    assert_eq!(h.m.get("q").unwrap().waiters, waiters);
+
+    let mut holder = owner;
+    for w in &waiters {
+        let a = h.apply(release(holder, "q", token));
+        assert_eq!(a.outcome, Ok(Reply::Released));
+        assert_eq!(a.grants.len(), 1);
+        let g = &a.grants[0];
+        assert_eq!((g.name.as_str(), g.session), ("q", *w));
+        assert_eq!(
+            g.token.get(),
+            a.index,
+            "token must be the handing-off entry's index"
+        );
+        assert!(g.token > token, "tokens must strictly increase");
+        token = g.token;
+        holder = *w;
+        assert_eq!(h.m.get("q").unwrap().token, Some(token));
+    }
+    let a = h.apply(release(holder, "q", token));
+    assert!(a.grants.is_empty());
+    assert_eq!(
+        h.m.get("q"),
+        None,
+        "a released lock with no waiters is free"
+    );
+}
+
+#[test]
+fn reacquire_by_holder_returns_the_same_grant() {
+    let mut h = Harness::new();
+    let s = h.session();
+    let token = acquired(&h.apply(acquire(s, "x", false, 0)));
+    for wait in [false, true] {
+        let a = h.unchanged(acquire(s, "x", wait, 500));
+        assert_eq!(
+            a.outcome,
+            Ok(Reply::Acquired {
+                token,
+                reacquired: true
+            })
+        );
+    }
+}
+
+#[test]
+fn queued_session_asking_again_gets_its_position_not_a_second_place() {
+    let mut h = Harness::new();
+    let (a, b, c) = (h.session(), h.session(), h.session());
+    h.apply(acquire(a, "x", false, 0));
+    h.apply(acquire(b, "x", true, 0));
+    h.apply(acquire(c, "x", true, 0));
+    let again = h.unchanged(acquire(c, "x", true, 0));
+    assert_eq!(again.outcome, Ok(Reply::Queued { position: 2 }));
+    assert_eq!(h.m.get("x").unwrap().waiters, vec![b, c]);
+}
+
+#[test]
+fn would_block_reports_holder_token_and_changes_nothing() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    let token = acquired(&h.apply(acquire(a, "x", false, 0)));
+    let applied = h.unchanged(acquire(b, "x", false, 0));
+    assert_eq!(
+        applied.outcome,
+        Ok(Reply::WouldBlock {
+            holder_token: Some(token)
+        })
+    );
+}
+
+#[test]
+fn release_by_another_session_is_refused() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    let token = acquired(&h.apply(acquire(a, "x", false, 0)));
+    h.apply(acquire(b, "x", true, 0));
+    assert_eq!(
+        h.refused(release(b, "x", token)),
+        MachineError::NotHolder { name: "x".into() }
+    );
+}
+
+#[test]
+fn release_with_stale_token_is_refused() {
+    let mut h = Harness::new();
+    let a = h.session();
+    let old = acquired(&h.apply(acquire(a, "x", false, 0)));
+    h.apply(release(a, "x", old));
+    let new = acquired(&h.apply(acquire(a, "x", false, 0)));
+    assert!(new > old);
+    assert_eq!(
+        h.refused(release(a, "x", old)),
+        MachineError::StaleToken {
+            presented: old,
+            current: new
+        }
+    );
+    assert_eq!(
+        h.refused(release(a, "nope", new)),
+        MachineError::NoSuchLock {
+            name: "nope".into()
+        }
+    );
+}
+
+#[test]
+fn expiry_starts_lock_delay_and_end_lock_delay_grants_first_waiter() {
+    let mut h = Harness::new();
+    let (a, b, c) = (h.session(), h.session(), h.session());
+    h.apply(acquire(a, "x", false, 5_000));
+    h.apply(acquire(b, "x", true, 0));
+    let expire = h.apply(Command::ExpireSession { session: a });
+    assert!(
+        expire.grants.is_empty(),
+        "lock-delay must hold the lock back"
+    );
+    assert_eq!(
+        expire.outcome,
+        Ok(Reply::SessionEnded {
+            session: a,
+            released: vec!["x".into()],
+            lock_delay: vec![DelayedLock {
+                name: "x".into(),
+                lock_delay_ms: 5_000
+            }],
+            dropped_waits: vec![],
+        })
+    );
+    let view = h.m.get("x").unwrap();
+    assert!(view.in_lock_delay);
+    assert_eq!((view.holder, view.token), (None, None));
+    assert_eq!(view.waiters, vec![b]);
+    assert_eq!(view.lock_delay_since, Some(expire.index));
+
+    // Unavailable to everyone meanwhile; newcomers may queue behind b.
+    let blocked = h.unchanged(acquire(c, "x", false, 0));
+    assert_eq!(
+        blocked.outcome,
+        Ok(Reply::WouldBlock { holder_token: None })
+    );
+    h.apply(acquire(c, "x", true, 0));
+
+    let end = h.apply(end_delay("x"));
+    assert_eq!(end.outcome, Ok(Reply::LockDelayEnded));
+    assert_eq!(
+        end.grants,
+        vec![Grant {
+            name: "x".into(),
+            session: b,
+            token: tok(end.index)
+        }]
+    );
+    let view = h.m.get("x").unwrap();
+    assert!(!view.in_lock_delay);
+    assert_eq!(view.waiters, vec![c]);
+    assert_eq!(
+        h.refused(end_delay("x")),
+        MachineError::NotInLockDelay { name: "x".into() }
+    );
+}
+
+#[test]
+fn end_lock_delay_with_no_waiters_frees_the_lock() {
+    let mut h = Harness::new();
+    let a = h.session();
+    h.apply(acquire(a, "x", false, 100));
+    h.apply(Command::ExpireSession { session: a });
+    let end = h.apply(end_delay("x"));
+    assert!(end.grants.is_empty());
+    assert_eq!(h.m.get("x"), None);
+    assert_eq!(
+        h.refused(end_delay("never")),
+        MachineError::NotInLockDelay {
+            name: "never".into()
+        }
+    );
+}
+
+#[test]
+fn expiry_without_lock_delay_hands_over_at_once() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    h.apply(acquire(a, "x", false, 0));
+    h.apply(acquire(b, "x", true, 0));
+    let e = h.apply(Command::ExpireSession { session: a });
+    assert_eq!(e.grants.len(), 1);
+    assert_eq!((e.grants[0].session, e.grants[0].token), (b, tok(e.index)));
+}
+
+#[test]
+fn release_and_close_never_start_lock_delay() {
+    let mut h = Harness::new();
+    let (a, b, c) = (h.session(), h.session(), h.session());
+    let t = acquired(&h.apply(acquire(a, "x", false, 60_000)));
+    h.apply(acquire(b, "x", true, 60_000));
+    let r = h.apply(release(a, "x", t));
+    assert_eq!(
+        r.grants[0].session, b,
+        "release hands over despite lock_delay_ms"
+    );
+    assert_eq!(h.m.get("x").unwrap().lock_delay_ms, 60_000);
+
+    h.apply(acquire(c, "x", true, 0));
+    let close = h.apply(Command::CloseSession { session: b });
+    assert_eq!(close.grants.len(), 1);
+    assert_eq!(close.grants[0].session, c);
+    match close.outcome {
+        Ok(Reply::SessionEnded { lock_delay, .. }) => assert!(lock_delay.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    assert!(!h.m.get("x").unwrap().in_lock_delay);
+}
+
+#[test]
+fn close_session_releases_all_locks_and_drops_its_waits() {
+    let mut h = Harness::new();
+    let (a, b, c) = (h.session(), h.session(), h.session());
+    h.apply(acquire(a, "l1", false, 0));
+    h.apply(acquire(a, "l2", false, 0));
+    h.apply(acquire(b, "l1", true, 0));
+    h.apply(acquire(c, "l3", false, 0));
+    h.apply(acquire(a, "l3", true, 0));
+    h.apply(acquire(b, "l3", true, 0));
+    let close = h.apply(Command::CloseSession { session: a });
+    assert_eq!(
+        close.outcome,
+        Ok(Reply::SessionEnded {
+            session: a,
+            released: vec!["l1".into(), "l2".into()],
+            lock_delay: vec![],
+            dropped_waits: vec!["l3".into()],
+        })
+    );
+    assert_eq!(
+        close.grants,
+        vec![Grant {
+            name: "l1".into(),
+            session: b,
+            token: tok(close.index)
+        }]
+    );
+    assert_eq!(h.m.get("l2"), None);
+    assert_eq!(h.m.get("l3").unwrap().waiters, vec![b]);
+    assert_eq!(h.m.session(a), None);
+}
+
+#[test]
+fn cancel_wait_leaves_the_queue_and_keeps_order() {
+    let mut h = Harness::new();
+    let (a, b, c, d) = (h.session(), h.session(), h.session(), h.session());
+    let t = acquired(&h.apply(acquire(a, "x", false, 0)));
+    h.apply(acquire(b, "x", true, 0));
+    h.apply(acquire(c, "x", true, 0));
+    h.apply(acquire(d, "x", true, 0));
+    let cancel_c = h.apply(cancel(c, "x"));
+    assert_eq!(cancel_c.outcome, Ok(Reply::WaitCancelled));
+    assert!(cancel_c.grants.is_empty());
+    assert_eq!(h.m.get("x").unwrap().waiters, vec![b, d]);
+    assert_eq!(
+        h.refused(cancel(c, "x")),
+        MachineError::NotWaiting { name: "x".into() }
+    );
+    assert_eq!(
+        h.refused(cancel(a, "x")),
+        MachineError::AlreadyGranted { token: t }
+    );
+    let r = h.apply(release(a, "x", t));
+    assert_eq!(r.grants[0].session, b);
+    assert_eq!(
+        h.refused(cancel(b, "x")),
+        MachineError::AlreadyGranted {
+            token: r.grants[0].token
+        }
+    );
+    assert_eq!(h.m.session(c).unwrap().waiting, Vec::<String>::new());
+}
+
+#[test]
+fn unknown_session_is_refused_by_every_command() {
+    let mut h = Harness::new();
+    let a = h.session();
+    let t = acquired(&h.apply(acquire(a, "x", false, 100)));
+    let closed = h.session();
+    h.apply(Command::CloseSession { session: closed });
+    for ghost in [SessionId(0), SessionId(999), closed] {
+        let want = MachineError::UnknownSession { session: ghost };
+        for cmd in [
+            acquire(ghost, "x", true, 0),
+            acquire(ghost, "free", false, 0),
+            release(ghost, "x", t),
+            cancel(ghost, "x"),
+            Command::CloseSession { session: ghost },
+            Command::ExpireSession { session: ghost },
+        ] {
+            assert_eq!(h.refused(cmd), want);
+        }
+    }
+}
+
+#[test]
+fn bad_names_are_refused() {
+    let mut h = Harness::new();
+    let a = h.session();
+    let t = acquired(&h.apply(acquire(a, "x", false, 0)));
+    let long = "n".repeat(MAX_NAME_LEN + 1);
+    for (name, want) in [
+        ("", InputError::EmptyName),
+        (
+            long.as_str(),
+            InputError::NameTooLong {
+                len: MAX_NAME_LEN + 1,
+            },
+        ),
+        ("a\0b", InputError::NameHasControlChar { at: 1 }),
+    ] {
+        let want = MachineError::from(want);
+        assert_eq!(h.refused(acquire(a, name, true, 0)), want);
+        assert_eq!(h.refused(release(a, name, t)), want);
+        assert_eq!(h.refused(cancel(a, name)), want);
+        assert_eq!(h.refused(end_delay(name)), want);
+    }
+    // The longest allowed name works.
+    acquired(&h.apply(acquire(a, &"n".repeat(MAX_NAME_LEN), false, 0)));
+}
+
+#[test]
+fn bad_session_parameters_are_refused() {
+    let mut h = Harness::new();
+    for ttl_ms in [0, 9, 24 * 60 * 60 * 1000 + 1, u64::MAX] {
+        assert!(
+            matches!(
+                h.refused(create(ttl_ms, "")),
+                MachineError::Input {
+                    input: InputError::TtlOutOfRange { .. }
+                }
+            ),
+            "ttl {ttl_ms} accepted"
+        );
+    }
+    assert_eq!(
+        h.refused(create(1_000, &"l".repeat(MAX_LABEL_LEN + 1))),
+        MachineError::LabelTooLong {
+            len: MAX_LABEL_LEN + 1,
+            limit: MAX_LABEL_LEN
+        }
+    );
+    assert!(
+        h.apply(create(10, &"l".repeat(MAX_LABEL_LEN)))
+            .outcome
+            .is_ok()
+    );
+}
+
+#[test]
+fn absurd_lock_delay_is_refused() {
+    let mut h = Harness::new();
+    let a = h.session();
+    for delay in [MAX_LOCK_DELAY_MS + 1, u64::MAX] {
+        assert_eq!(
+            h.refused(acquire(a, "x", true, delay)),
+            MachineError::LockDelayTooLong {
+                lock_delay_ms: delay,
+                limit: MAX_LOCK_DELAY_MS
+            }
+        );
+    }
+    acquired(&h.apply(acquire(a, "x", true, MAX_LOCK_DELAY_MS)));
+}
+
+#[test]
+fn too_many_waiters_is_refused() {
+    let mut h = Harness::new();
+    let owner = h.session();
+    h.apply(acquire(owner, "hot", false, 0));
+    for i in 0..MAX_WAITERS_PER_LOCK {
+        let s = SessionId(h.bulk(create(1_000, "")).index);
+        let a = h.bulk(acquire(s, "hot", true, 0));
+        assert_eq!(a.outcome, Ok(Reply::Queued { position: i + 1 }));
+    }
+    let late = h.session();
+    assert_eq!(
+        h.refused(acquire(late, "hot", true, 0)),
+        MachineError::TooManyWaiters {
+            name: "hot".into(),
+            limit: MAX_WAITERS_PER_LOCK
+        }
+    );
+    // Not waiting is still answered.
+    assert!(matches!(
+        h.unchanged(acquire(late, "hot", false, 0)).outcome,
+        Ok(Reply::WouldBlock { .. })
+    ));
+}
+
+#[test]
+fn too_many_locks_per_session_is_refused() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    h.apply(acquire(b, "taken", false, 0));
+    for i in 0..MAX_LOCKS_PER_SESSION - 1 {
+        acquired(&h.apply(acquire(a, &format!("l{i}"), false, 0)));
+    }
+    assert!(matches!(
+        h.apply(acquire(a, "taken", true, 0)).outcome,
+        Ok(Reply::Queued { .. })
+    ));
+    let want = MachineError::TooManyLocks {
+        session: a,
+        limit: MAX_LOCKS_PER_SESSION,
+    };
+    assert_eq!(h.refused(acquire(a, "one-more", false, 0)), want);
+    // Re-asking for what it already has is not a new lock.
+    assert!(matches!(
+        h.unchanged(acquire(a, "l0", false, 0)).outcome,
+        Ok(Reply::Acquired {
+            reacquired: true,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn too_many_sessions_is_refused() {
+    let mut h = Harness::new();
+    for _ in 0..MAX_SESSIONS {
+        h.bulk(create(1_000, ""));
+    }
+    assert_eq!(h.m.sessions().len(), MAX_SESSIONS);
+    assert_eq!(
+        h.refused(create(1_000, "")),
+        MachineError::TooManySessions {
+            limit: MAX_SESSIONS
+        }
+    );
+}
+
+#[test]
+fn check_token_tells_current_from_stale() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    let t1 = acquired(&h.apply(acquire(a, "x", false, 0)));
+    h.apply(acquire(b, "x", true, 0));
+    assert_eq!(h.m.check_token("x", t1), TokenCheck::Current);
+    let t2 = h.apply(release(a, "x", t1)).grants[0].token;
+    assert_eq!(
+        h.m.check_token("x", t1),
+        TokenCheck::Stale { current: Some(t2) }
+    );
+    assert_eq!(h.m.check_token("x", t2), TokenCheck::Current);
+    assert_eq!(
+        h.m.check_token("other", t2),
+        TokenCheck::Stale { current: None }
+    );
+}
+
+#[test]
+fn views_are_sorted_and_complete() {
+    let mut h = Harness::new();
+    let a = h.apply(create(5_000, "worker-1")).index;
+    let a = SessionId(a);
+    let b = h.session();
+    let tz = acquired(&h.apply(acquire(a, "z", false, 0)));
+    let tm = acquired(&h.apply(acquire(a, "m", false, 250)));
+    h.apply(acquire(b, "m", true, 0));
+    let names: Vec<String> = h.m.list().into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["m", "z"]);
+    assert_eq!(
+        h.m.locks_held_by(a),
+        vec![
+            Grant {
+                name: "m".into(),
+                session: a,
+                token: tm
+            },
+            Grant {
+                name: "z".into(),
+                session: a,
+                token: tz
+            },
+        ]
+    );
+    assert!(h.m.locks_held_by(SessionId(12345)).is_empty());
+    assert_eq!(
+        h.m.session(a),
+        Some(SessionView {
+            id: a,
+            ttl_ms: 5_000,
+            label: "worker-1".into(),
+            held: vec!["m".into(), "z".into()],
+            waiting: vec![],
+        })
+    );
+    assert_eq!(h.m.session(b).unwrap().waiting, vec!["m".to_owned()]);
+    let ids: Vec<SessionId> = h.m.sessions().into_iter().map(|s| s.id).collect();
+    assert_eq!(ids, [a, b]);
+    assert_eq!(h.m.get("m").unwrap().lock_delay_ms, 250);
+}
+
+/// A small history touching every kind of state: holders, queues, lock-delay.
+fn busy_history(h: &mut Harness) -> Vec<SessionId> {
+    let s: Vec<SessionId> = (0..4).map(|_| h.session()).collect();
+    h.apply(acquire(s[0], "a", false, 1_000));
+    h.apply(acquire(s[1], "a", true, 0));
+    h.apply(acquire(s[2], "a", true, 0));
+    h.apply(acquire(s[1], "b", false, 0));
+    h.apply(acquire(s[3], "b", true, 0));
+    h.apply(Command::ExpireSession { session: s[0] });
+    s
+}
+
+#[test]
+fn snapshot_round_trip_is_equal_and_continues_identically() {
+    let mut h = Harness::new();
+    let s = busy_history(&mut h);
+    let bytes = h.m.to_snapshot_bytes();
+    let restored = LockMachine::from_snapshot_bytes(&bytes).unwrap();
+    assert_eq!(restored, h.m);
+    assert_eq!(restored.last_applied(), h.m.last_applied());
+    assert_eq!(restored.to_snapshot_bytes(), bytes);
+
+    let mut twin = Harness {
+        m: restored,
+        next: h.next,
+    };
+    let tail = [
+        end_delay("a"),
+        acquire(s[3], "a", true, 0),
+        cancel(s[2], "a"),
+        Command::CloseSession { session: s[1] },
+        acquire(s[2], "c", false, 0),
+    ];
+    for cmd in tail {
+        assert_eq!(h.apply(cmd.clone()), twin.apply(cmd));
+        assert_eq!(h.m, twin.m);
+    }
+    assert_eq!(h.m.to_snapshot_bytes(), twin.m.to_snapshot_bytes());
+}
+
+#[test]
+fn corrupt_snapshots_are_rejected() {
+    let mut h = Harness::new();
+    busy_history(&mut h);
+    let json = String::from_utf8(h.m.to_snapshot_bytes()).unwrap();
+    assert!(matches!(
+        LockMachine::from_snapshot_bytes(b"{not json"),
+        Err(SnapshotError::Decode(_))
+    ));
+    // A holder token of 0 is no token at all.
+    let t = h.m.get("b").unwrap().token.unwrap();
+    let zero = json.replace(&format!("\"token\":{t}"), "\"token\":0");
+    assert_ne!(zero, json);
+    assert!(matches!(
+        LockMachine::from_snapshot_bytes(zero.as_bytes()),
+        Err(SnapshotError::Decode(_))
+    ));
+    // Decodes fine, but the lock table and the sessions' mirrors disagree.
+    let mut broken = h.m.clone();
+    broken.sessions.values_mut().for_each(|s| s.held.clear());
+    assert!(matches!(
+        LockMachine::from_snapshot_bytes(&broken.to_snapshot_bytes()),
+        Err(SnapshotError::Inconsistent(_))
+    ));
+    // A state from "before" its own last grant.
+    let mut rewound = h.m.clone();
+    rewound.last_applied = 1;
+    assert!(rewound.check_invariants().is_err());
+}
+
+#[test]
+fn commands_and_results_survive_serde() {
+    let mut h = Harness::new();
+    let s = busy_history(&mut h);
+    let cmds = [
+        create(1_000, "x"),
+        Command::CloseSession { session: s[0] },
+        Command::ExpireSession { session: s[1] },
+        acquire(s[1], "a", true, 10),
+        release(s[1], "a", tok(3)),
+        cancel(s[2], "a"),
+        end_delay("a"),
+        acquire(s[1], "", true, 10),
+    ];
+    for cmd in cmds {
+        let json = serde_json::to_string(&cmd).unwrap();
+        assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), cmd);
+        let applied = h.apply(cmd);
+        let json = serde_json::to_string(&applied).unwrap();
+        assert_eq!(serde_json::from_str::<Applied>(&json).unwrap(), applied);
+    }
+    for view in h.m.list() {
+        let json = serde_json::to_string(&view).unwrap();
+        assert_eq!(serde_json::from_str::<LockView>(&json).unwrap(), view);
+    }
+    assert!(
+        serde_json::from_str::<Command>(r#"{"op":"release","session":1,"name":"a","token":0}"#)
+            .is_err()
+    );
+}
+
+#[test]
+#[should_panic(expected = "is not after the last applied index 5")]
+fn reapplying_an_index_panics() {
+    let mut m = LockMachine::new();
+    m.apply(5, create(1_000, ""));
+    m.apply(5, create(1_000, ""));
+}
+
+#[test]
+#[should_panic(expected = "log index 0 is not after")]
+fn index_zero_panics() {
+    LockMachine::new().apply(0, create(1_000, ""));
+}
+
+#[test]
+fn refused_entries_still_advance_last_applied() {
+    let mut m = LockMachine::new();
+    let a = m.apply(3, create(0, ""));
+    assert!(a.outcome.is_err());
+    assert_eq!(m.last_applied(), 3);
+    // Gaps (entries that were not commands, e.g. membership changes) are fine.
+    assert!(m.apply(10, create(1_000, "")).outcome.is_ok());
+    assert_eq!(m.session(SessionId(10)).unwrap().ttl_ms, 1_000);
+}

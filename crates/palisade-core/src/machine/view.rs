@@ -1,0 +1,140 @@
+//! Read-only views of the state. Pure functions of the state, so a linearizable
+//! read on the leader and a read of any replica at the same `last_applied` agree.
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{Grant, SessionId};
+use super::state::{LockMachine, LockState, SessionState};
+use crate::FencingToken;
+
+/// One lock as seen from outside: who holds it, with which token, who waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockView {
+    /// The lock's name.
+    pub name: String,
+    /// The holding session; `None` only while in lock-delay.
+    pub holder: Option<SessionId>,
+    /// The holder's fencing token; `None` only while in lock-delay.
+    #[serde(with = "super::wire::opt_token")]
+    pub token: Option<FencingToken>,
+    /// Queued sessions, next in line first.
+    pub waiters: Vec<SessionId>,
+    /// The holder's session expired and the lock is kept unavailable until the
+    /// leader proposes [`EndLockDelay`](super::Command::EndLockDelay).
+    pub in_lock_delay: bool,
+    /// The holder's chosen lock-delay, or the one being served while in lock-delay.
+    /// A new leader restarts a pending lock-delay timer at this full length.
+    pub lock_delay_ms: u64,
+    /// Index of the entry that started the current lock-delay, if any.
+    pub lock_delay_since: Option<u64>,
+}
+
+/// One session as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// The session's id (the index of the entry that created it).
+    pub id: SessionId,
+    /// Its lease length; a new leader restarts the countdown at this full length.
+    pub ttl_ms: u64,
+    /// Its operator-facing label.
+    pub label: String,
+    /// Locks it holds, by name, sorted.
+    pub held: Vec<String>,
+    /// Locks it is queued for, by name, sorted.
+    pub waiting: Vec<String>,
+}
+
+/// The answer to "is this token still the lock's current grant?" (Chubby's
+/// `CheckSequencer`), for resources that cannot store a token themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "check", rename_all = "snake_case")]
+pub enum TokenCheck {
+    /// The token belongs to the lock's current holder.
+    Current,
+    /// It does not: the lock was released, re-granted, is in lock-delay, or the
+    /// token was never issued for it.
+    Stale {
+        /// The current grant's token, if the lock is held at all.
+        #[serde(with = "super::wire::opt_token")]
+        current: Option<FencingToken>,
+    },
+}
+
+fn lock_view(name: &str, lock: &LockState) -> LockView {
+    LockView {
+        name: name.to_owned(),
+        holder: lock.holder.map(|h| h.session),
+        token: lock.holder.map(|h| h.token),
+        waiters: lock.waiters.iter().map(|w| w.session).collect(),
+        in_lock_delay: lock.delay_since.is_some(),
+        lock_delay_ms: lock.lock_delay_ms,
+        lock_delay_since: lock.delay_since,
+    }
+}
+
+fn session_view(id: SessionId, s: &SessionState) -> SessionView {
+    SessionView {
+        id,
+        ttl_ms: s.ttl_ms,
+        label: s.label.clone(),
+        held: s.held.iter().cloned().collect(),
+        waiting: s.waiting.iter().cloned().collect(),
+    }
+}
+
+impl LockMachine {
+    /// The lock called `name`, or `None` if it is free (free locks are not stored).
+    pub fn get(&self, name: &str) -> Option<LockView> {
+        self.locks.get(name).map(|lock| lock_view(name, lock))
+    }
+
+    /// Every lock that is held or in lock-delay, sorted by name.
+    pub fn list(&self) -> Vec<LockView> {
+        self.locks
+            .iter()
+            .map(|(name, lock)| lock_view(name, lock))
+            .collect()
+    }
+
+    /// The session `id`, if it is alive.
+    pub fn session(&self, id: SessionId) -> Option<SessionView> {
+        self.sessions.get(&id).map(|s| session_view(id, s))
+    }
+
+    /// Every live session, sorted by id.
+    pub fn sessions(&self) -> Vec<SessionView> {
+        self.sessions
+            .iter()
+            .map(|(id, s)| session_view(*id, s))
+            .collect()
+    }
+
+    /// Whether `token` is the current grant of lock `name`.
+    pub fn check_token(&self, name: &str, token: FencingToken) -> TokenCheck {
+        let current = self.locks.get(name).and_then(|l| l.holder).map(|h| h.token);
+        if current == Some(token) {
+            TokenCheck::Current
+        } else {
+            TokenCheck::Stale { current }
+        }
+    }
+
+    /// The grants `session` holds now, sorted by lock name; empty for an unknown
+    /// session.
+    pub fn locks_held_by(&self, session: SessionId) -> Vec<Grant> {
+        let Some(s) = self.sessions.get(&session) else {
+            return Vec::new();
+        };
+        s.held
+            .iter()
+            .filter_map(|name| {
+                let h = self.locks.get(name)?.holder?;
+                Some(Grant {
+                    name: name.clone(),
+                    session,
+                    token: h.token,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,208 @@
+//! The leader's lease keeper: session countdowns and lock-delays, on the leader's
+//! monotonic clock.
+//!
+//! Keep-alives are not log entries: they only move a deadline in the leader's
+//! memory. When a deadline passes, the leader proposes `ExpireSession`; that entry,
+//! once committed, is what frees the locks — so every replica frees them at the
+//! same log index. A node that becomes leader knows no deadlines: it restarts every
+//! session's countdown at the full TTL (and every pending lock-delay at its full
+//! length) before it expires anything. A lease can therefore outlive its holder by
+//! up to one TTL per election, never end early.
+//!
+//! Clock jumps do not matter here: `Instant` is monotonic. What safety needs is
+//! that the leader's clock does not run much faster than the client's; the
+//! client's safety margin covers that.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::ServerState;
+use palisade_core::machine::{Command, SessionId};
+
+use crate::store::sm::Shared;
+use crate::typ::Raft;
+
+/// How often deadlines are checked. Expiry may lag a deadline by this much, which
+/// only makes leases longer.
+const TICK: Duration = Duration::from_millis(25);
+
+struct Countdown {
+    deadline: Instant,
+    ttl: Duration,
+    /// An `ExpireSession` is in flight: keep-alives are refused from now on.
+    expiring: bool,
+}
+
+#[derive(Default)]
+struct Tracked {
+    /// The term these deadlines belong to; `None` when not leader.
+    term: Option<u64>,
+    sessions: HashMap<SessionId, Countdown>,
+    /// Locks in lock-delay, and when the delay ends.
+    delays: HashMap<String, Instant>,
+}
+
+/// See the module docs.
+pub struct LeaseKeeper {
+    raft: Raft,
+    shared: Arc<Shared>,
+    tracked: Mutex<Tracked>,
+}
+
+/// Why a keep-alive was refused.
+#[derive(Debug)]
+pub enum KeepAliveError {
+    /// This node is not the leader (or has just become it and is not ready).
+    NotLeader,
+    /// The session does not exist or is being expired.
+    UnknownSession,
+}
+
+impl LeaseKeeper {
+    /// A keeper for `raft`, reading sessions from `shared`.
+    pub fn new(raft: Raft, shared: Arc<Shared>) -> Arc<Self> {
+        Arc::new(LeaseKeeper {
+            raft,
+            shared,
+            tracked: Mutex::new(Tracked::default()),
+        })
+    }
+
+    /// Restarts a session's countdown at its full TTL. Returns the TTL.
+    ///
+    /// # Errors
+    /// See [`KeepAliveError`].
+    pub fn keep_alive(&self, session: SessionId) -> Result<Duration, KeepAliveError> {
+        let mut t = self.tracked.lock().expect("poisoned");
+        if t.term.is_none() {
+            return Err(KeepAliveError::NotLeader);
+        }
+        if let Some(c) = t.sessions.get_mut(&session) {
+            if c.expiring {
+                return Err(KeepAliveError::UnknownSession);
+            }
+            c.deadline = Instant::now() + c.ttl;
+            return Ok(c.ttl);
+        }
+        // Created since the last sync: look it up.
+        let ttl = self
+            .shared
+            .machine
+            .read()
+            .expect("poisoned")
+            .session(session)
+            .map(|s| Duration::from_millis(s.ttl_ms))
+            .ok_or(KeepAliveError::UnknownSession)?;
+        t.sessions.insert(
+            session,
+            Countdown {
+                deadline: Instant::now() + ttl,
+                ttl,
+                expiring: false,
+            },
+        );
+        Ok(ttl)
+    }
+
+    /// Runs until the task is dropped.
+    pub async fn run(self: Arc<Self>) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let leader_term = {
+                let m = metrics.borrow_and_update();
+                let leading = m.state == ServerState::Leader && m.current_leader == Some(m.id);
+                leading.then_some(m.current_term)
+            };
+            self.sync(leader_term);
+            if leader_term.is_some() {
+                self.expire_due();
+            }
+            tokio::select! {
+                () = tokio::time::sleep(TICK) => {}
+                changed = metrics.changed() => if changed.is_err() { return },
+                () = self.shared.changed.notified() => {}
+            }
+        }
+    }
+
+    /// Aligns the tracked countdowns with the machine and with leadership.
+    fn sync(&self, leader_term: Option<u64>) {
+        let mut t = self.tracked.lock().expect("poisoned");
+        if leader_term != t.term {
+            // Lost or gained leadership: forget every deadline. A new leader
+            // starts every countdown afresh, at full length, below.
+            t.sessions.clear();
+            t.delays.clear();
+            t.term = leader_term;
+        }
+        if t.term.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        let machine = self.shared.machine.read().expect("poisoned");
+        let sessions = machine.sessions();
+        t.sessions
+            .retain(|id, _| sessions.iter().any(|s| s.id == *id));
+        for s in &sessions {
+            t.sessions.entry(s.id).or_insert_with(|| {
+                let ttl = Duration::from_millis(s.ttl_ms);
+                Countdown {
+                    deadline: now + ttl,
+                    ttl,
+                    expiring: false,
+                }
+            });
+        }
+        let delayed: Vec<(String, u64)> = machine
+            .list()
+            .into_iter()
+            .filter(|l| l.in_lock_delay)
+            .map(|l| (l.name, l.lock_delay_ms))
+            .collect();
+        t.delays
+            .retain(|name, _| delayed.iter().any(|(n, _)| n == name));
+        for (name, ms) in delayed {
+            t.delays
+                .entry(name)
+                .or_insert_with(|| now + Duration::from_millis(ms));
+        }
+    }
+
+    fn expire_due(&self) {
+        let now = Instant::now();
+        let mut proposals = Vec::new();
+        {
+            let mut t = self.tracked.lock().expect("poisoned");
+            for (id, c) in t.sessions.iter_mut() {
+                if !c.expiring && c.deadline <= now {
+                    c.expiring = true;
+                    proposals.push(Command::ExpireSession { session: *id });
+                }
+            }
+            let due: Vec<String> = t
+                .delays
+                .iter()
+                .filter(|(_, end)| **end <= now)
+                .map(|(n, _)| n.clone())
+                .collect();
+            for name in due {
+                // Removed now; re-added at full length by the next sync if the
+                // proposal does not commit.
+                t.delays.remove(&name);
+                proposals.push(Command::EndLockDelay { name });
+            }
+        }
+        for cmd in proposals {
+            tracing::info!(?cmd, "lease keeper proposes");
+            let raft = self.raft.clone();
+            // A failed proposal means leadership was lost (a leader's own write
+            // fails only then); the new term's sync starts every countdown afresh.
+            tokio::spawn(async move {
+                if let Err(e) = raft.client_write(cmd).await {
+                    tracing::warn!(error = %e, "lease keeper proposal failed");
+                }
+            });
+        }
+    }
+}

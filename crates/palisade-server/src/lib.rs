@@ -1,0 +1,25 @@
+//! The Palisade server: a lock service replicated with Raft (the `openraft` crate),
+//! whose every grant carries a fencing token.
+//!
+//! # Design
+//! - [`store::log`]: the Raft log and vote in redb; an append is acknowledged only
+//!   after its fsync, and one fsync serves every entry that queued behind it.
+//! - [`store::sm`]: applies entries to `palisade_core::machine::LockMachine` (pure,
+//!   deterministic) and pushes grants to local waiters.
+//! - [`leases`]: session countdowns on the leader's monotonic clock; expiry is a
+//!   log entry; a new leader restarts every countdown at full TTL.
+//! - [`service`]: the gRPC API; [`network`]: Raft traffic between nodes.
+//! - [`node`]: wiring it together.
+//!
+//! The fencing token of a grant is the Raft log index of the entry that made it.
+//! Log indices only grow and a committed entry is never removed, so a token is
+//! never issued twice — across crashes and restarts of any or all nodes.
+
+pub mod leases;
+pub mod network;
+pub mod node;
+pub mod service;
+pub mod store;
+pub mod typ;
+
+pub use node::{ServerConfig, ServerError, run};

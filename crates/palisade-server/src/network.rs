@@ -1,0 +1,169 @@
+//! Raft peer traffic over gRPC: the client side (openraft's network factory) and
+//! the server side (the `palisade.v1.Raft` service).
+//!
+//! openraft's messages travel as JSON inside a protobuf `bytes` field: only Palisade
+//! nodes speak this service, and JSON keeps the peer protocol readable while the
+//! client-facing API stays typed protobuf. One HTTP/2 channel per peer is reused
+//! for every RPC (openraft's example builds an HTTP client per call).
+
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use palisade_proto::v1::RaftPayload;
+use palisade_proto::v1::raft_client::RaftClient;
+use palisade_proto::v1::raft_server;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use crate::typ::{Node, NodeId, Raft, RaftError, TypeConfig};
+
+/// Makes one [`Peer`] per target node.
+pub struct PeerFactory;
+
+impl RaftNetworkFactory<TypeConfig> for PeerFactory {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
+        let channel = Endpoint::from_shared(format!("http://{}", node.addr))
+            .map(|e| {
+                e.connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .connect_lazy()
+            })
+            .ok();
+        Peer {
+            target,
+            client: channel.map(RaftClient::new),
+        }
+    }
+}
+
+/// The connection to one peer.
+pub struct Peer {
+    target: NodeId,
+    /// `None` when the address did not parse; every RPC then reports unreachable.
+    client: Option<RaftClient<Channel>>,
+}
+
+impl Peer {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        kind: &'static str,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let unreachable =
+            |msg: String| RPCError::Unreachable(Unreachable::new(&std::io::Error::other(msg)));
+        let client = self
+            .client
+            .as_mut()
+            .ok_or_else(|| unreachable(format!("node {} has an unusable address", self.target)))?;
+        let json = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = Request::new(RaftPayload { json });
+        request.set_timeout(option.hard_ttl());
+        let call = async {
+            match kind {
+                "append" => client.append_entries(request).await,
+                "vote" => client.vote(request).await,
+                _ => client.install_snapshot(request).await,
+            }
+        };
+        let reply = tokio::time::timeout(option.hard_ttl(), call)
+            .await
+            .map_err(|_| unreachable(format!("{kind} to node {} timed out", self.target)))?
+            .map_err(|s| unreachable(format!("{kind} to node {}: {s}", self.target)))?;
+        let result: Result<Resp, RaftError<E>> =
+            serde_json::from_slice(&reply.into_inner().json)
+                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
+        self.call("append", &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Node, RaftError<InstallSnapshotError>>,
+    > {
+        self.call("snapshot", &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
+        self.call("vote", &rpc, &option).await
+    }
+}
+
+/// The server side: hands peers' messages to the local Raft.
+pub struct RaftService {
+    raft: Raft,
+}
+
+impl RaftService {
+    /// Serves `raft` to peers.
+    pub fn new(raft: Raft) -> raft_server::RaftServer<Self> {
+        raft_server::RaftServer::new(RaftService { raft })
+            .max_decoding_message_size(256 * 1024 * 1024)
+    }
+}
+
+fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
+    serde_json::from_slice(&req.into_inner().json)
+        .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
+    serde_json::to_vec(value)
+        .map(|json| Response::new(RaftPayload { json }))
+        .map_err(|e| Status::internal(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl raft_server::Raft for RaftService {
+    async fn append_entries(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
+        encode(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: VoteRequest<NodeId> = decode(req)?;
+        encode(&self.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
+        encode(&self.raft.install_snapshot(rpc).await)
+    }
+}

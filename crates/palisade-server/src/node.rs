@@ -1,0 +1,186 @@
+//! Starting a node: storage, Raft, bootstrap, the lease keeper and the gRPC server.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+
+use crate::leases::LeaseKeeper;
+use crate::network::{PeerFactory, RaftService};
+use crate::service::Api;
+use crate::store::log::LogStore;
+use crate::store::sm::StateMachineStore;
+use crate::typ::{NodeId, Raft};
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// This node's id (> 0).
+    pub id: NodeId,
+    /// Where to listen for clients and peers.
+    pub listen: SocketAddr,
+    /// The address other nodes and clients use to reach this one.
+    pub advertise: String,
+    /// Where the log, vote and snapshots live.
+    pub data_dir: PathBuf,
+    /// The cluster to bootstrap on a fresh data directory: every node, by id.
+    /// Just this node when empty (single-node mode).
+    pub initial_cluster: BTreeMap<NodeId, BasicNode>,
+    /// Take a snapshot (and compact the log) after this many entries.
+    pub snapshot_every: u64,
+    /// Start as a learner-to-be: do not bootstrap; wait for a leader to add us.
+    pub join: bool,
+}
+
+/// What can stop a node from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The data directory is unusable or belongs to another node.
+    #[error("data directory {dir}: {why}")]
+    DataDir {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Raft refused to start.
+    #[error("raft: {0}")]
+    Raft(String),
+    /// The listener failed.
+    #[error("serving {addr}: {source}")]
+    Serve {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// The identity written into a data directory on first start, so that a data
+/// directory is never reused by a different node id.
+#[derive(Serialize, Deserialize)]
+struct Identity {
+    id: NodeId,
+}
+
+fn check_identity(config: &ServerConfig) -> Result<(), ServerError> {
+    let err = |why: String| ServerError::DataDir {
+        dir: config.data_dir.clone(),
+        why,
+    };
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| err(e.to_string()))?;
+    let path = config.data_dir.join("node.json");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let found: Identity =
+                serde_json::from_slice(&bytes).map_err(|e| err(format!("node.json: {e}")))?;
+            if found.id != config.id {
+                return Err(err(format!(
+                    "it belongs to node {}, not node {}",
+                    found.id, config.id
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let bytes = serde_json::to_vec(&Identity { id: config.id }).expect("serializable");
+            std::fs::write(&path, bytes).map_err(|e| err(e.to_string()))
+        }
+        Err(e) => Err(err(e.to_string())),
+    }
+}
+
+/// Runs a node until `shutdown` completes.
+///
+/// # Errors
+/// See [`ServerError`].
+pub async fn run(
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    if config.id == 0 {
+        return Err(ServerError::Config("node ids start at 1".into()));
+    }
+    let mut initial = config.initial_cluster.clone();
+    if initial.is_empty() {
+        initial.insert(
+            config.id,
+            BasicNode {
+                addr: config.advertise.clone(),
+            },
+        );
+    }
+    if !config.join && !initial.contains_key(&config.id) {
+        return Err(ServerError::Config(format!(
+            "node {} is not in the initial cluster {:?}",
+            config.id,
+            initial.keys().collect::<Vec<_>>()
+        )));
+    }
+    check_identity(&config)?;
+    let dir_err = |e: std::io::Error| ServerError::DataDir {
+        dir: config.data_dir.clone(),
+        why: e.to_string(),
+    };
+    let log = LogStore::open(&config.data_dir.join("raft-log.redb")).map_err(dir_err)?;
+    let sm = StateMachineStore::open(&config.data_dir.join("state.redb")).map_err(dir_err)?;
+    let shared = sm.shared();
+    let raft_config = Config {
+        cluster_name: "palisade".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 600,
+        election_timeout_max: 1200,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+        max_in_snapshot_log_to_keep: 100,
+        ..Config::default()
+    }
+    .validate()
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+    let committed_log = log.clone();
+    let raft = Raft::new(config.id, Arc::new(raft_config), PeerFactory, log, sm)
+        .await
+        .map_err(|e| ServerError::Raft(e.to_string()))?;
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| ServerError::Raft(e.to_string()))?;
+    if !initialized && !config.join {
+        // Every node of a static cluster initializes with the same membership;
+        // openraft accepts that (the first entry is identical everywhere).
+        if let Err(e) = raft.initialize(initial.clone()).await {
+            tracing::info!(error = %e, "initialize skipped");
+        }
+    }
+    let leases = LeaseKeeper::new(raft.clone(), shared.clone());
+    let keeper = tokio::spawn(leases.clone().run());
+    let api = Api::new(
+        raft.clone(),
+        shared,
+        leases,
+        Arc::new(move || committed_log.committed_index()),
+    );
+    tracing::info!(id = config.id, listen = %config.listen, data_dir = %config.data_dir.display(), "palisade node serving");
+    let served = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .add_service(api.locks())
+        .add_service(api.cluster())
+        .add_service(RaftService::new(raft.clone()))
+        .serve_with_shutdown(config.listen, shutdown)
+        .await;
+    keeper.abort();
+    let _ = raft.shutdown().await;
+    served.map_err(|source| ServerError::Serve {
+        addr: config.listen,
+        source,
+    })
+}

@@ -1,0 +1,550 @@
+//! The client-facing gRPC services: `palisade.v1.Locks` and `palisade.v1.Cluster`.
+//!
+//! Writes are proposed to Raft and answered once committed on a majority (each
+//! member's copy synced to disk) and applied. Reads are linearizable: the leader
+//! confirms its leadership with a quorum before reading. Followers answer
+//! `not_leader` with the leader's address.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::BasicNode;
+use openraft::error::{ClientWriteError, RaftError};
+use palisade_core::FencingToken;
+use palisade_core::machine::{Applied, Command, MachineError, Reply, SessionId};
+use palisade_proto::v1::cluster_server::{Cluster, ClusterServer};
+use palisade_proto::v1::locks_server::{Locks, LocksServer};
+use palisade_proto::v1::*;
+use palisade_proto::{ErrorCode, LEADER_KEY};
+use tonic::{Request, Response, Status};
+
+use crate::leases::{KeepAliveError, LeaseKeeper};
+use crate::store::sm::{EntryResponse, Shared};
+use crate::typ::{NodeId, Raft};
+
+/// The longest an acquire may wait in one call: one hour. Longer waits are a
+/// loop in the caller, which also notices a lost session in between.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// Both client-facing services share this state.
+#[derive(Clone)]
+pub struct Api {
+    raft: Raft,
+    shared: Arc<Shared>,
+    leases: Arc<LeaseKeeper>,
+    committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
+
+impl Api {
+    /// The services over one node.
+    pub fn new(
+        raft: Raft,
+        shared: Arc<Shared>,
+        leases: Arc<LeaseKeeper>,
+        committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Self {
+        Api {
+            raft,
+            shared,
+            leases,
+            committed,
+        }
+    }
+
+    /// The `Locks` service.
+    pub fn locks(&self) -> LocksServer<Api> {
+        LocksServer::new(self.clone())
+    }
+
+    /// The `Cluster` service.
+    pub fn cluster(&self) -> ClusterServer<Api> {
+        ClusterServer::new(self.clone())
+    }
+
+    fn not_leader(&self, leader: Option<NodeId>) -> Status {
+        let addr = leader
+            .and_then(|id| {
+                let m = self.raft.metrics().borrow().membership_config.clone();
+                m.membership().get_node(&id).map(|n| n.addr.clone())
+            })
+            .unwrap_or_default();
+        let mut status = ErrorCode::NotLeader.status(format!(
+            "this node is not the leader; the leader is {}",
+            if addr.is_empty() {
+                "unknown (election in progress)"
+            } else {
+                &addr
+            }
+        ));
+        if let Ok(v) = addr.parse() {
+            status.metadata_mut().insert(LEADER_KEY, v);
+        }
+        status
+    }
+
+    /// Proposes a command and waits for it to be committed and applied.
+    async fn propose(&self, cmd: Command) -> Result<Applied, Status> {
+        match self.raft.client_write(cmd).await {
+            Ok(r) => match r.data {
+                EntryResponse::Command(applied) => Ok(applied),
+                EntryResponse::Raft => {
+                    Err(Status::internal("a command was applied as a raft entry"))
+                }
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(self.not_leader(f.leader_id))
+            }
+            Err(e) => Err(ErrorCode::Unavailable.status(e.to_string())),
+        }
+    }
+
+    /// Confirms with a quorum that this node is still the leader, and waits until
+    /// everything committed before now is applied.
+    async fn linearize(&self) -> Result<(), Status> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(self.not_leader(f.leader_id))
+            }
+            Err(e) => Err(ErrorCode::Unavailable.status(e.to_string())),
+        }
+    }
+
+    fn lock_info(&self, view: palisade_core::machine::LockView) -> LockInfo {
+        let machine = self.shared.machine.read().expect("poisoned");
+        let label = view
+            .holder
+            .and_then(|h| machine.session(h))
+            .map(|s| s.label)
+            .unwrap_or_default();
+        LockInfo {
+            name: view.name,
+            holder_session: view.holder.map_or(0, |s| s.0),
+            holder_label: label,
+            token: view.token.map_or(0, FencingToken::get),
+            waiters: view.waiters.iter().map(|s| s.0).collect(),
+            in_lock_delay: view.in_lock_delay,
+        }
+    }
+}
+
+/// The documented mapping from a refusal of the state machine to an error code.
+pub fn machine_status(e: &MachineError) -> Status {
+    let code = match e {
+        MachineError::Input { .. }
+        | MachineError::LockDelayTooLong { .. }
+        | MachineError::LabelTooLong { .. } => ErrorCode::InvalidInput,
+        MachineError::UnknownSession { .. } => ErrorCode::UnknownSession,
+        MachineError::StaleToken { .. } => ErrorCode::StaleToken,
+        MachineError::TooManySessions { .. }
+        | MachineError::TooManyWaiters { .. }
+        | MachineError::TooManyLocks { .. } => ErrorCode::LimitReached,
+        _ => ErrorCode::NotHolder,
+    };
+    code.status(e.to_string())
+}
+
+fn unexpected(reply: &Reply) -> Status {
+    Status::internal(format!("unexpected state machine reply {reply:?}"))
+}
+
+fn input(e: impl std::fmt::Display) -> Status {
+    ErrorCode::InvalidInput.status(e.to_string())
+}
+
+/// Cancels a wait whose RPC went away before it was answered, so the server never
+/// hands a lock to a client that stopped listening. Disarmed once answered.
+struct AbandonedWait {
+    api: Option<Api>,
+    session: SessionId,
+    name: String,
+}
+
+impl AbandonedWait {
+    fn disarm(mut self) {
+        self.api = None;
+    }
+}
+
+impl Drop for AbandonedWait {
+    fn drop(&mut self) {
+        if let Some(api) = self.api.take() {
+            let (session, name) = (self.session, std::mem::take(&mut self.name));
+            api.shared.unwatch_grant(session, &name);
+            tokio::spawn(async move {
+                let _ = cancel(&api, session, name).await;
+            });
+        }
+    }
+}
+
+/// Leaves the queue, or releases the lock if it was granted meanwhile.
+async fn cancel(api: &Api, session: SessionId, name: String) -> Result<(), Status> {
+    let applied = api
+        .propose(Command::CancelWait {
+            session,
+            name: name.clone(),
+        })
+        .await?;
+    match applied.outcome {
+        Ok(_) | Err(MachineError::NotWaiting { .. }) => Ok(()),
+        Err(MachineError::AlreadyGranted { token }) => {
+            let applied = api
+                .propose(Command::Release {
+                    session,
+                    name,
+                    token,
+                })
+                .await?;
+            applied.outcome.map(|_| ()).map_err(|e| machine_status(&e))
+        }
+        Err(e) => Err(machine_status(&e)),
+    }
+}
+
+#[tonic::async_trait]
+impl Locks for Api {
+    async fn create_session(
+        &self,
+        req: Request<CreateSessionRequest>,
+    ) -> Result<Response<CreateSessionResponse>, Status> {
+        let r = req.into_inner();
+        let applied = self
+            .propose(Command::CreateSession {
+                ttl_ms: r.ttl_ms,
+                label: r.label,
+            })
+            .await?;
+        match applied.outcome {
+            Ok(Reply::SessionCreated { session }) => {
+                // Starts the countdown now rather than at the next sync.
+                let _ = self.leases.keep_alive(session);
+                Ok(Response::new(CreateSessionResponse {
+                    session_id: session.0,
+                    ttl_ms: r.ttl_ms,
+                }))
+            }
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(machine_status(&e)),
+        }
+    }
+
+    async fn keep_alive(
+        &self,
+        req: Request<KeepAliveRequest>,
+    ) -> Result<Response<KeepAliveResponse>, Status> {
+        let session = SessionId(req.into_inner().session_id);
+        let ttl = match self.leases.keep_alive(session) {
+            Ok(ttl) => ttl,
+            Err(KeepAliveError::NotLeader) => {
+                let leader = self.raft.metrics().borrow().current_leader;
+                return Err(self.not_leader(leader));
+            }
+            Err(KeepAliveError::UnknownSession) => {
+                return Err(ErrorCode::UnknownSession.status(format!("unknown session {session}")));
+            }
+        };
+        // The countdown moved only in this node's memory. Confirming leadership
+        // after moving it proves no other leader existed when it moved, and any
+        // later leader restarts the countdown at full TTL: the promise holds.
+        self.linearize().await?;
+        Ok(Response::new(KeepAliveResponse {
+            ttl_ms: ttl.as_millis() as u64,
+        }))
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<CloseSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        let session = SessionId(req.into_inner().session_id);
+        let applied = self.propose(Command::CloseSession { session }).await?;
+        applied.outcome.map_err(|e| machine_status(&e))?;
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+
+    async fn acquire(
+        &self,
+        req: Request<AcquireRequest>,
+    ) -> Result<Response<AcquireResponse>, Status> {
+        let r = req.into_inner();
+        let session = SessionId(r.session_id);
+        let wait = Duration::from_millis(r.wait_ms);
+        if wait > MAX_WAIT {
+            return Err(input(format!(
+                "wait {wait:?} exceeds the limit of {MAX_WAIT:?}"
+            )));
+        }
+        palisade_core::limits::validate_name(&r.name).map_err(input)?;
+        // Registered before proposing: a grant applied between the proposal and
+        // the registration would otherwise be missed.
+        let granted = self.shared.watch_grant(session, &r.name);
+        let guard = AbandonedWait {
+            api: Some(self.clone()),
+            session,
+            name: r.name.clone(),
+        };
+        let applied = match self
+            .propose(Command::Acquire {
+                session,
+                name: r.name.clone(),
+                wait: !wait.is_zero(),
+                lock_delay_ms: r.lock_delay_ms,
+            })
+            .await
+        {
+            Ok(a) => a,
+            Err(status) => {
+                guard.disarm();
+                self.shared.unwatch_grant(session, &r.name);
+                return Err(status);
+            }
+        };
+        let token = match applied.outcome {
+            Ok(Reply::Acquired { token, .. }) => {
+                guard.disarm();
+                self.shared.unwatch_grant(session, &r.name);
+                token
+            }
+            // Already queued by an earlier call of this session: a call that does
+            // not wait must not cancel that wait.
+            Ok(Reply::Queued { .. }) if wait.is_zero() => {
+                guard.disarm();
+                return Err(ErrorCode::WouldBlock.status(format!(
+                    "lock {:?} is held; this session is already waiting for it",
+                    r.name
+                )));
+            }
+            Ok(Reply::Queued { .. }) => match tokio::time::timeout(wait, granted).await {
+                Ok(Ok(token)) => {
+                    guard.disarm();
+                    token
+                }
+                Ok(Err(_)) => {
+                    guard.disarm();
+                    return Err(ErrorCode::UnknownSession
+                        .status(format!("session {session} ended while waiting")));
+                }
+                Err(_) => {
+                    guard.disarm();
+                    self.shared.unwatch_grant(session, &r.name);
+                    // Granted in the meantime? Then the grant stands and is ours.
+                    let applied = self
+                        .propose(Command::CancelWait {
+                            session,
+                            name: r.name.clone(),
+                        })
+                        .await?;
+                    match applied.outcome {
+                        Err(MachineError::AlreadyGranted { token }) => token,
+                        Ok(_) | Err(MachineError::NotWaiting { .. }) => {
+                            return Err(ErrorCode::WaitTimeout
+                                .status(format!("lock {:?} not granted within {wait:?}", r.name)));
+                        }
+                        Err(e) => return Err(machine_status(&e)),
+                    }
+                }
+            },
+            Ok(Reply::WouldBlock { holder_token }) => {
+                guard.disarm();
+                self.shared.unwatch_grant(session, &r.name);
+                return Err(ErrorCode::WouldBlock.status(format!(
+                    "lock {:?} is held{}",
+                    r.name,
+                    holder_token
+                        .map(|t| format!(" (token {t})"))
+                        .unwrap_or_default()
+                )));
+            }
+            Ok(other) => {
+                guard.disarm();
+                return Err(unexpected(&other));
+            }
+            Err(e) => {
+                guard.disarm();
+                self.shared.unwatch_grant(session, &r.name);
+                return Err(machine_status(&e));
+            }
+        };
+        Ok(Response::new(AcquireResponse { token: token.get() }))
+    }
+
+    async fn cancel_acquire(
+        &self,
+        req: Request<CancelAcquireRequest>,
+    ) -> Result<Response<CancelAcquireResponse>, Status> {
+        let r = req.into_inner();
+        palisade_core::limits::validate_name(&r.name).map_err(input)?;
+        cancel(self, SessionId(r.session_id), r.name).await?;
+        Ok(Response::new(CancelAcquireResponse {}))
+    }
+
+    async fn release(
+        &self,
+        req: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        let r = req.into_inner();
+        palisade_core::limits::validate_name(&r.name).map_err(input)?;
+        let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
+        let applied = self
+            .propose(Command::Release {
+                session: SessionId(r.session_id),
+                name: r.name,
+                token,
+            })
+            .await?;
+        applied.outcome.map_err(|e| machine_status(&e))?;
+        Ok(Response::new(ReleaseResponse {}))
+    }
+
+    async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let name = req.into_inner().name;
+        palisade_core::limits::validate_name(&name).map_err(input)?;
+        self.linearize().await?;
+        let view = self.shared.machine.read().expect("poisoned").get(&name);
+        Ok(Response::new(GetResponse {
+            lock: view.map(|v| self.lock_info(v)),
+        }))
+    }
+
+    async fn list(&self, _req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        self.linearize().await?;
+        let views = self.shared.machine.read().expect("poisoned").list();
+        Ok(Response::new(ListResponse {
+            locks: views.into_iter().map(|v| self.lock_info(v)).collect(),
+        }))
+    }
+
+    async fn check_token(
+        &self,
+        req: Request<CheckTokenRequest>,
+    ) -> Result<Response<CheckTokenResponse>, Status> {
+        let r = req.into_inner();
+        palisade_core::limits::validate_name(&r.name).map_err(input)?;
+        let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
+        self.linearize().await?;
+        let machine = self.shared.machine.read().expect("poisoned");
+        let current = machine.get(&r.name).and_then(|v| v.token);
+        let is_current = matches!(
+            machine.check_token(&r.name, token),
+            palisade_core::machine::TokenCheck::Current
+        );
+        Ok(Response::new(CheckTokenResponse {
+            current: is_current,
+            current_token: current.map_or(0, FencingToken::get),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let member = |(id, n): (&NodeId, &BasicNode)| Member {
+            id: *id,
+            addr: n.addr.clone(),
+        };
+        Ok(Response::new(StatusResponse {
+            id: m.id,
+            leader: m.current_leader.unwrap_or(0),
+            term: m.current_term,
+            commit_index: (self.committed)(),
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            members: membership
+                .nodes()
+                .filter(|(id, _)| voters.contains(id))
+                .map(member)
+                .collect(),
+            learners: membership
+                .nodes()
+                .filter(|(id, _)| !voters.contains(id))
+                .map(member)
+                .collect(),
+            state: format!("{:?}", m.state).to_lowercase(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for Api {
+    async fn add_learner(
+        &self,
+        req: Request<AddLearnerRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let r = req.into_inner();
+        if r.id == 0 || !r.addr.contains(':') {
+            return Err(input("a learner needs an id > 0 and an address HOST:PORT"));
+        }
+        match self
+            .raft
+            .add_learner(r.id, BasicNode { addr: r.addr }, true)
+            .await
+        {
+            Ok(resp) => Ok(Response::new(MembershipResponse {
+                log_index: resp.log_id.index,
+            })),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(self.not_leader(f.leader_id))
+            }
+            Err(e) => Err(ErrorCode::Unavailable.status(e.to_string())),
+        }
+    }
+
+    async fn change_membership(
+        &self,
+        req: Request<ChangeMembershipRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let voters: BTreeSet<NodeId> = req.into_inner().voters.into_iter().collect();
+        if voters.is_empty() || voters.contains(&0) {
+            return Err(input("voters must be non-empty node ids > 0"));
+        }
+        match self.raft.change_membership(voters, false).await {
+            Ok(resp) => Ok(Response::new(MembershipResponse {
+                log_index: resp.log_id.index,
+            })),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(self.not_leader(f.leader_id))
+            }
+            Err(RaftError::APIError(e)) => Err(input(e)),
+            Err(e) => Err(ErrorCode::Unavailable.status(e.to_string())),
+        }
+    }
+}
+
+/// Parses `1=HOST:PORT,2=HOST:PORT`.
+///
+/// # Errors
+/// A message naming the malformed part.
+pub fn parse_initial_cluster(s: &str) -> Result<BTreeMap<NodeId, BasicNode>, String> {
+    let mut nodes = BTreeMap::new();
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected ID=HOST:PORT"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("{part:?}: bad node id"))?;
+        if id == 0 || !addr.contains(':') {
+            return Err(format!("{part:?}: expected ID>0 and HOST:PORT"));
+        }
+        if nodes
+            .insert(
+                id,
+                BasicNode {
+                    addr: addr.trim().to_owned(),
+                },
+            )
+            .is_some()
+        {
+            return Err(format!("node id {id} listed twice"));
+        }
+    }
+    if nodes.is_empty() {
+        return Err("empty cluster".into());
+    }
+    Ok(nodes)
+}

@@ -1,0 +1,320 @@
+//! The state machine side of openraft: applies entries to the [`LockMachine`],
+//! tells local waiters about grants, and keeps snapshots in redb.
+//!
+//! The machine lives in memory; it is rebuilt at start from the last snapshot and
+//! the log entries after it, which openraft re-applies. Because a token is the log
+//! index of the granting entry, re-applying the same entries yields the same
+//! tokens: nothing here has to remember the highest token separately.
+
+use std::collections::HashMap;
+use std::io::{self, Cursor};
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError,
+    StoredMembership,
+};
+use palisade_core::FencingToken;
+use palisade_core::machine::{Applied, Command, Grant, LockMachine, Reply, SessionId};
+use redb::{Database, TableDefinition};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::typ::{Node, NodeId, TypeConfig};
+
+const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
+
+/// What a snapshot carries besides the machine itself.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, Node>,
+    data: Vec<u8>,
+}
+
+/// A waiter's "the lock is yours" channel, registered before its acquire is
+/// proposed so that a grant applied in between cannot be missed.
+type GrantSender = oneshot::Sender<FencingToken>;
+
+/// State shared between the state machine (writer) and the gRPC services
+/// (readers, waiters).
+pub struct Shared {
+    /// The lock state.
+    pub machine: RwLock<LockMachine>,
+    /// The log id of the last applied entry (the machine only knows the index).
+    pub last_applied: RwLock<Option<LogId<NodeId>>>,
+    /// The cluster membership as of `last_applied`.
+    pub membership: RwLock<StoredMembership<NodeId, Node>>,
+    waiters: Mutex<HashMap<(SessionId, String), GrantSender>>,
+    /// Wakes the lease keeper when sessions or lock-delays change.
+    pub changed: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// Registers interest in a grant of `name` to `session`.
+    pub fn watch_grant(&self, session: SessionId, name: &str) -> oneshot::Receiver<FencingToken> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters
+            .lock()
+            .expect("poisoned")
+            .insert((session, name.to_owned()), tx);
+        rx
+    }
+
+    /// Forgets a registration (the waiter gave up or was answered directly).
+    pub fn unwatch_grant(&self, session: SessionId, name: &str) {
+        self.waiters
+            .lock()
+            .expect("poisoned")
+            .remove(&(session, name.to_owned()));
+    }
+
+    fn deliver(&self, grants: &[Grant]) {
+        if grants.is_empty() {
+            return;
+        }
+        let mut waiters = self.waiters.lock().expect("poisoned");
+        for g in grants {
+            if let Some(tx) = waiters.remove(&(g.session, g.name.clone())) {
+                let _ = tx.send(g.token);
+            }
+        }
+    }
+
+    fn drop_session_waiters(&self, session: SessionId) {
+        self.waiters
+            .lock()
+            .expect("poisoned")
+            .retain(|(s, _), _| *s != session);
+    }
+}
+
+/// The state machine handed to openraft.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    shared: Arc<Shared>,
+    db: Arc<Database>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl StateMachineStore {
+    /// Opens the snapshot store at `path` and restores the last snapshot.
+    ///
+    /// # Errors
+    /// When the file cannot be opened or the snapshot cannot be decoded.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let db = Database::create(path).map_err(io_err)?;
+        {
+            let w = db.begin_write().map_err(io_err)?;
+            w.open_table(SNAPSHOT).map_err(io_err)?;
+            w.commit().map_err(io_err)?;
+        }
+        let mut machine = LockMachine::new();
+        let mut last_applied = None;
+        let mut membership = StoredMembership::default();
+        {
+            let r = db.begin_read().map_err(io_err)?;
+            let t = r.open_table(SNAPSHOT).map_err(io_err)?;
+            if let Some(v) = t.get("current").map_err(io_err)? {
+                let stored: StoredSnapshot = serde_json::from_slice(v.value()).map_err(io_err)?;
+                machine = LockMachine::from_snapshot_bytes(&stored.data).map_err(io_err)?;
+                last_applied = stored.meta.last_log_id;
+                membership = stored.meta.last_membership;
+            }
+        }
+        Ok(StateMachineStore {
+            shared: Arc::new(Shared {
+                machine: RwLock::new(machine),
+                last_applied: RwLock::new(last_applied),
+                membership: RwLock::new(membership),
+                waiters: Mutex::new(HashMap::new()),
+                changed: tokio::sync::Notify::new(),
+            }),
+            db: Arc::new(db),
+        })
+    }
+
+    /// The state the services read.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    fn current_snapshot(&self) -> io::Result<Option<StoredSnapshot>> {
+        let r = self.db.begin_read().map_err(io_err)?;
+        let t = r.open_table(SNAPSHOT).map_err(io_err)?;
+        match t.get("current").map_err(io_err)? {
+            Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(io_err)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn save_snapshot(&self, stored: &StoredSnapshot) -> io::Result<()> {
+        let bytes = serde_json::to_vec(stored).map_err(io_err)?;
+        let w = self.db.begin_write().map_err(io_err)?;
+        {
+            let mut t = w.open_table(SNAPSHOT).map_err(io_err)?;
+            t.insert("current", bytes.as_slice()).map_err(io_err)?;
+        }
+        w.commit().map_err(io_err)
+    }
+}
+
+/// What applying one log entry produced: the machine's answer for a command,
+/// nothing for Raft's own entries (blank, membership).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum EntryResponse {
+    /// A blank or membership entry.
+    Raft,
+    /// A lock-machine command's result.
+    Command(Applied),
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>), StorageError<NodeId>> {
+        Ok((
+            *self.shared.last_applied.read().expect("poisoned"),
+            self.shared.membership.read().expect("poisoned").clone(),
+        ))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<EntryResponse>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut replies = Vec::new();
+        let mut sessions_changed = false;
+        for entry in entries {
+            let index = entry.log_id.index;
+            // The machine lock is held until last_applied is updated too, so a
+            // snapshot never pairs a machine state with another entry's log id.
+            let mut machine = self.shared.machine.write().expect("poisoned");
+            let applied = match entry.payload {
+                EntryPayload::Blank => EntryResponse::Raft,
+                EntryPayload::Membership(m) => {
+                    *self.shared.membership.write().expect("poisoned") =
+                        StoredMembership::new(Some(entry.log_id), m);
+                    EntryResponse::Raft
+                }
+                EntryPayload::Normal(cmd) => {
+                    sessions_changed |= matches!(
+                        cmd,
+                        Command::CreateSession { .. }
+                            | Command::CloseSession { .. }
+                            | Command::ExpireSession { .. }
+                            | Command::EndLockDelay { .. }
+                    );
+                    let applied = machine.apply(index, cmd);
+                    if let Ok(Reply::SessionEnded { session, .. }) = &applied.outcome {
+                        self.shared.drop_session_waiters(*session);
+                    }
+                    self.shared.deliver(&applied.grants);
+                    EntryResponse::Command(applied)
+                }
+            };
+            *self.shared.last_applied.write().expect("poisoned") = Some(entry.log_id);
+            drop(machine);
+            replies.push(applied);
+        }
+        if sessions_changed {
+            self.shared.changed.notify_waiters();
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Node>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let data = snapshot.into_inner();
+        let machine = LockMachine::from_snapshot_bytes(&data).map_err(|e| {
+            StorageError::from(openraft::StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                &io_err(e),
+            ))
+        })?;
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        self.save_snapshot(&stored).map_err(|e| {
+            StorageError::from(openraft::StorageIOError::write_snapshot(
+                Some(meta.signature()),
+                &e,
+            ))
+        })?;
+        *self.shared.machine.write().expect("poisoned") = machine;
+        *self.shared.last_applied.write().expect("poisoned") = meta.last_log_id;
+        *self.shared.membership.write().expect("poisoned") = meta.last_membership.clone();
+        self.shared.changed.notify_waiters();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let stored = self
+            .current_snapshot()
+            .map_err(|e| StorageError::from(openraft::StorageIOError::read_snapshot(None, &e)))?;
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        // Taken under the locks so data, last id and membership agree.
+        let (data, last, membership) = {
+            let machine = self.shared.machine.read().expect("poisoned");
+            (
+                machine.to_snapshot_bytes(),
+                *self.shared.last_applied.read().expect("poisoned"),
+                self.shared.membership.read().expect("poisoned").clone(),
+            )
+        };
+        let snapshot_id = match last {
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, data.len()),
+            None => format!("empty-{}", data.len()),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last,
+            last_membership: membership,
+            snapshot_id,
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        self.save_snapshot(&stored).map_err(|e| {
+            StorageError::from(openraft::StorageIOError::write_snapshot(
+                Some(meta.signature()),
+                &e,
+            ))
+        })?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        })
+    }
+}

@@ -1,0 +1,161 @@
+//! A real `palisade serve` process.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{free_port, loopback, wait_until};
+
+/// One Palisade node, run from the binary at `bin`, with its data in its own
+/// directory that survives restarts (and is removed on drop).
+pub struct PalisadeNode {
+    bin: PathBuf,
+    id: u64,
+    port: u16,
+    dir: tempfile::TempDir,
+    initial_cluster: Option<String>,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl PalisadeNode {
+    /// Reserves a loopback port and a data directory for node `id`, without
+    /// starting it (a cluster needs every address before any node starts).
+    ///
+    /// # Errors
+    /// When no port or temporary directory can be had.
+    pub fn prepare(bin: &Path, id: u64) -> std::io::Result<Self> {
+        Ok(PalisadeNode {
+            bin: bin.to_owned(),
+            id,
+            port: free_port()?,
+            dir: tempfile::tempdir()?,
+            initial_cluster: None,
+            extra_args: Vec::new(),
+            child: None,
+        })
+    }
+
+    /// A started single-node cluster.
+    ///
+    /// # Errors
+    /// When the node does not start listening within 30 s.
+    pub fn single(bin: &Path) -> std::io::Result<Self> {
+        let mut n = Self::prepare(bin, 1)?;
+        n.start()?;
+        Ok(n)
+    }
+
+    /// `n` nodes forming a cluster, all started.
+    ///
+    /// # Errors
+    /// When a node does not start.
+    pub fn cluster(bin: &Path, n: u64, extra_args: &[&str]) -> std::io::Result<Vec<Self>> {
+        let mut nodes = (1..=n)
+            .map(|id| Self::prepare(bin, id))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let spec = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.addr()))
+            .collect::<Vec<_>>()
+            .join(",");
+        for node in &mut nodes {
+            node.initial_cluster = Some(spec.clone());
+            node.extra_args = extra_args.iter().map(|s| s.to_string()).collect();
+        }
+        for node in &mut nodes {
+            node.start()?;
+        }
+        Ok(nodes)
+    }
+
+    /// Extra arguments for `serve`, used from the next start on.
+    pub fn set_args(&mut self, args: &[&str]) {
+        self.extra_args = args.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// Starts (or restarts) the process on the same port and data directory.
+    ///
+    /// # Errors
+    /// When the node does not start listening within 30 s.
+    pub fn start(&mut self) -> std::io::Result<()> {
+        self.kill();
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("serve")
+            .args(["--id", &self.id.to_string(), "--listen", &self.addr()])
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .args(&self.extra_args)
+            .env(
+                "PALISADE_LOG",
+                std::env::var("PALISADE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.log_path())?,
+            );
+        if let Some(spec) = &self.initial_cluster {
+            cmd.args(["--initial-cluster", spec]);
+        }
+        let mut child = cmd.spawn()?;
+        let port = self.port;
+        let up = wait_until(Duration::from_secs(30), || {
+            matches!(child.try_wait(), Ok(None))
+                && TcpStream::connect_timeout(&loopback(port), Duration::from_millis(200)).is_ok()
+        });
+        if !up {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other(format!(
+                "palisade node {} did not start: {}",
+                self.id,
+                std::fs::read_to_string(self.log_path()).unwrap_or_default()
+            )));
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("node.log")
+    }
+
+    /// The node's log output so far (stderr), for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The node id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// `kill -9`: no clean shutdown, nothing flushed that was not already.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PalisadeNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
