@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use openraft::ServerState;
 use palisade_core::machine::{Command, SessionId};
 
+use crate::proposer::Proposer;
 use crate::store::sm::Shared;
 use crate::typ::Raft;
 
@@ -46,6 +47,7 @@ struct Tracked {
 /// See the module docs.
 pub struct LeaseKeeper {
     raft: Raft,
+    proposer: Proposer,
     shared: Arc<Shared>,
     tracked: Mutex<Tracked>,
 }
@@ -61,9 +63,10 @@ pub enum KeepAliveError {
 
 impl LeaseKeeper {
     /// A keeper for `raft`, reading sessions from `shared`.
-    pub fn new(raft: Raft, shared: Arc<Shared>) -> Arc<Self> {
+    pub fn new(raft: Raft, proposer: Proposer, shared: Arc<Shared>) -> Arc<Self> {
         Arc::new(LeaseKeeper {
             raft,
+            proposer,
             shared,
             tracked: Mutex::new(Tracked::default()),
         })
@@ -195,12 +198,12 @@ impl LeaseKeeper {
         }
         for cmd in proposals {
             tracing::info!(?cmd, "lease keeper proposes");
-            let raft = self.raft.clone();
+            let proposer = self.proposer.clone();
             // A failed proposal means leadership was lost (a leader's own write
             // fails only then); the new term's sync starts every countdown afresh.
             tokio::spawn(async move {
-                if let Err(e) = raft.client_write(cmd).await {
-                    tracing::warn!(error = %e, "lease keeper proposal failed");
+                if let Err(e) = proposer.propose(cmd).await {
+                    tracing::warn!(error = ?e, "lease keeper proposal failed");
                 }
             });
         }

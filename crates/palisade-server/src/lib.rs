@@ -8,6 +8,8 @@
 //!   deterministic) and pushes grants to local waiters.
 //! - [`leases`]: session countdowns on the leader's monotonic clock; expiry is a
 //!   log entry; a new leader restarts every countdown at full TTL.
+//! - [`proposer`]: group commit — concurrent commands on different locks share
+//!   one log entry (and one fsync).
 //! - [`service`]: the gRPC API; [`network`]: Raft traffic between nodes.
 //! - [`node`]: wiring it together.
 //!
@@ -18,6 +20,7 @@
 pub mod leases;
 pub mod network;
 pub mod node;
+pub mod proposer;
 pub mod service;
 pub mod store;
 pub mod typ;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::leases::LeaseKeeper;
 use crate::network::{PeerFactory, RaftService};
+use crate::proposer::Proposer;
 use crate::service::Api;
 use crate::store::log::LogStore;
 use crate::store::sm::StateMachineStore;
@@ -160,10 +161,12 @@ pub async fn run(
             tracing::info!(error = %e, "initialize skipped");
         }
     }
-    let leases = LeaseKeeper::new(raft.clone(), shared.clone());
+    let proposer = Proposer::start(raft.clone());
+    let leases = LeaseKeeper::new(raft.clone(), proposer.clone(), shared.clone());
     let keeper = tokio::spawn(leases.clone().run());
     let api = Api::new(
         raft.clone(),
+        proposer,
         shared,
         leases,
         Arc::new(move || committed_log.committed_index()),

@@ -20,7 +20,8 @@ use palisade_proto::{ErrorCode, LEADER_KEY};
 use tonic::{Request, Response, Status};
 
 use crate::leases::{KeepAliveError, LeaseKeeper};
-use crate::store::sm::{EntryResponse, Shared};
+use crate::proposer::{ProposeError, Proposer};
+use crate::store::sm::Shared;
 use crate::typ::{NodeId, Raft};
 
 /// The longest an acquire may wait in one call: one hour. Longer waits are a
@@ -31,6 +32,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 #[derive(Clone)]
 pub struct Api {
     raft: Raft,
+    proposer: Proposer,
     shared: Arc<Shared>,
     leases: Arc<LeaseKeeper>,
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
@@ -40,12 +42,14 @@ impl Api {
     /// The services over one node.
     pub fn new(
         raft: Raft,
+        proposer: Proposer,
         shared: Arc<Shared>,
         leases: Arc<LeaseKeeper>,
         committed: Arc<dyn Fn() -> u64 + Send + Sync>,
     ) -> Self {
         Api {
             raft,
+            proposer,
             shared,
             leases,
             committed,
@@ -85,17 +89,17 @@ impl Api {
 
     /// Proposes a command and waits for it to be committed and applied.
     async fn propose(&self, cmd: Command) -> Result<Applied, Status> {
-        match self.raft.client_write(cmd).await {
-            Ok(r) => match r.data {
-                EntryResponse::Command(applied) => Ok(applied),
-                EntryResponse::Raft => {
-                    Err(Status::internal("a command was applied as a raft entry"))
+        match self.proposer.propose(cmd).await {
+            Ok(applied) => match applied.outcome {
+                // Conflicting commands are kept out of one entry by the proposer;
+                // should one slip through, it is refused untouched: retry it.
+                Err(MachineError::BatchConflict) => {
+                    Err(ErrorCode::Unavailable.status("batch conflict; retry"))
                 }
+                _ => Ok(applied),
             },
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(self.not_leader(f.leader_id))
-            }
-            Err(e) => Err(ErrorCode::Unavailable.status(e.to_string())),
+            Err(ProposeError::NotLeader(leader)) => Err(self.not_leader(leader)),
+            Err(ProposeError::Unavailable(why)) => Err(ErrorCode::Unavailable.status(why)),
         }
     }
 

@@ -7,10 +7,10 @@ use palisade_core::machine::Command;
 use crate::store::sm::EntryResponse;
 
 openraft::declare_raft_types!(
-    /// Palisade's Raft: log entries carry lock-machine [`Command`]s, applying one
-    /// yields an [`EntryResponse`].
+    /// Palisade's Raft: a log entry carries a batch of lock-machine [`Command`]s
+    /// (see `proposer`); applying it yields an [`EntryResponse`].
     pub TypeConfig:
-        D = Command,
+        D = Vec<Command>,
         R = EntryResponse,
         NodeId = u64,
         Node = openraft::BasicNode,

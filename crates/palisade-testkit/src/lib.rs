@@ -6,10 +6,12 @@
 //! named by each server type.
 
 mod palisade;
+mod postgres;
 mod redis;
 mod silent;
 
 pub use palisade::PalisadeNode;
+pub use postgres::PostgresServer;
 pub use redis::RedisServer;
 pub use silent::SilentServer;
 

@@ -36,6 +36,46 @@ impl LockMachine {
             self.last_applied
         );
         self.last_applied = index;
+        self.apply_at(index, cmd)
+    }
+
+    /// Applies the commands committed together in the entry at `index`, in order.
+    ///
+    /// Every grant they make carries `index` as its token, so the commands must
+    /// touch pairwise different locks (see [`Command::conflict_key`]); a command
+    /// whose key repeats an earlier one's, or that must be alone, is refused with
+    /// [`MachineError::BatchConflict`] and changes nothing.
+    ///
+    /// # Panics
+    /// As [`LockMachine::apply`].
+    pub fn apply_batch(&mut self, index: u64, cmds: Vec<Command>) -> Vec<Applied> {
+        assert!(
+            index > self.last_applied,
+            "LockMachine::apply_batch: log index {index} is not after the last applied index {}",
+            self.last_applied
+        );
+        self.last_applied = index;
+        let alone = cmds.len() == 1;
+        let mut seen = std::collections::HashSet::new();
+        cmds.into_iter()
+            .map(|cmd| {
+                let key = cmd.conflict_key();
+                let conflicts =
+                    (key == super::command::ConflictKey::Exclusive && !alone) || !seen.insert(key);
+                if conflicts {
+                    Applied {
+                        index,
+                        outcome: Err(MachineError::BatchConflict),
+                        grants: Vec::new(),
+                    }
+                } else {
+                    self.apply_at(index, cmd)
+                }
+            })
+            .collect()
+    }
+
+    fn apply_at(&mut self, index: u64, cmd: Command) -> Applied {
         let mut grants = Vec::new();
         let outcome = match cmd {
             Command::CreateSession { ttl_ms, label } => self.create_session(index, ttl_ms, label),

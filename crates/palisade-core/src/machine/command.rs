@@ -90,6 +90,33 @@ pub enum Command {
     },
 }
 
+/// What a command may touch, for building batches: commands that share a log entry
+/// must have pairwise different keys, so that no lock is granted twice at one index
+/// and no two sessions get the same id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ConflictKey {
+    /// Touches this lock only (acquire, release, cancel-wait, end of lock-delay).
+    Lock(String),
+    /// Creates a session, whose id is the entry's index.
+    NewSession,
+    /// Ends a session, touching every lock it holds: must be alone in its entry.
+    Exclusive,
+}
+
+impl Command {
+    /// See [`ConflictKey`].
+    pub fn conflict_key(&self) -> ConflictKey {
+        match self {
+            Command::CreateSession { .. } => ConflictKey::NewSession,
+            Command::CloseSession { .. } | Command::ExpireSession { .. } => ConflictKey::Exclusive,
+            Command::Acquire { name, .. }
+            | Command::Release { name, .. }
+            | Command::CancelWait { name, .. }
+            | Command::EndLockDelay { name } => ConflictKey::Lock(name.clone()),
+        }
+    }
+}
+
 /// A lock handed to a session by one entry: what the server pushes to the client
 /// that has been waiting for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -155,6 +155,7 @@ fn write_loop(db: Database, rx: mpsc::Receiver<Op>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         batch.extend(rx.try_iter());
+        let started = std::time::Instant::now();
         let result = (|| -> std::result::Result<(), redb::Error> {
             let w = db.begin_write()?;
             {
@@ -183,6 +184,11 @@ fn write_loop(db: Database, rx: mpsc::Receiver<Op>) {
             w.commit()?;
             Ok(())
         })();
+        tracing::debug!(
+            ops = batch.len(),
+            commit_us = started.elapsed().as_micros() as u64,
+            "log batch committed"
+        );
         for op in batch {
             let r = result.as_ref().map(|_| ()).map_err(io_err);
             match op {

@@ -169,8 +169,8 @@ impl StateMachineStore {
 pub enum EntryResponse {
     /// A blank or membership entry.
     Raft,
-    /// A lock-machine command's result.
-    Command(Applied),
+    /// The results of the entry's commands, in order.
+    Commands(Vec<Applied>),
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -204,20 +204,24 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         StoredMembership::new(Some(entry.log_id), m);
                     EntryResponse::Raft
                 }
-                EntryPayload::Normal(cmd) => {
-                    sessions_changed |= matches!(
-                        cmd,
-                        Command::CreateSession { .. }
-                            | Command::CloseSession { .. }
-                            | Command::ExpireSession { .. }
-                            | Command::EndLockDelay { .. }
-                    );
-                    let applied = machine.apply(index, cmd);
-                    if let Ok(Reply::SessionEnded { session, .. }) = &applied.outcome {
-                        self.shared.drop_session_waiters(*session);
+                EntryPayload::Normal(cmds) => {
+                    sessions_changed |= cmds.iter().any(|cmd| {
+                        matches!(
+                            cmd,
+                            Command::CreateSession { .. }
+                                | Command::CloseSession { .. }
+                                | Command::ExpireSession { .. }
+                                | Command::EndLockDelay { .. }
+                        )
+                    });
+                    let applied = machine.apply_batch(index, cmds);
+                    for a in &applied {
+                        if let Ok(Reply::SessionEnded { session, .. }) = &a.outcome {
+                            self.shared.drop_session_waiters(*session);
+                        }
+                        self.shared.deliver(&a.grants);
                     }
-                    self.shared.deliver(&applied.grants);
-                    EntryResponse::Command(applied)
+                    EntryResponse::Commands(applied)
                 }
             };
             *self.shared.last_applied.write().expect("poisoned") = Some(entry.log_id);

@@ -671,3 +671,55 @@ fn refused_entries_still_advance_last_applied() {
     assert!(m.apply(10, create(1_000, "")).outcome.is_ok());
     assert_eq!(m.session(SessionId(10)).unwrap().ttl_ms, 1_000);
 }
+
+#[test]
+fn a_batch_grants_distinct_locks_at_its_index() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    let index = h.next;
+    h.next += 1;
+    let applied = h.m.apply_batch(
+        index,
+        vec![acquire(a, "x", false, 0), acquire(b, "y", false, 0)],
+    );
+    h.m.check_invariants().unwrap();
+    assert_eq!(h.m.last_applied(), index);
+    for (applied, name) in applied.iter().zip(["x", "y"]) {
+        assert!(
+            matches!(applied.outcome, Ok(Reply::Acquired { token, .. }) if token == tok(index))
+        );
+        assert_eq!(h.m.get(name).unwrap().token, Some(tok(index)));
+    }
+}
+
+#[test]
+fn a_batch_refuses_a_second_command_on_the_same_lock_and_lone_commands() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    let index = h.next;
+    h.next += 1;
+    let applied = h.m.apply_batch(
+        index,
+        vec![
+            acquire(a, "x", false, 0),
+            acquire(b, "x", true, 0),
+            create(1_000, "second"),
+            create(1_000, "third"),
+            Command::CloseSession { session: a },
+        ],
+    );
+    h.m.check_invariants().unwrap();
+    assert!(applied[0].outcome.is_ok());
+    assert_eq!(applied[1].outcome, Err(MachineError::BatchConflict));
+    assert!(applied[2].outcome.is_ok());
+    assert_eq!(applied[3].outcome, Err(MachineError::BatchConflict));
+    assert_eq!(applied[4].outcome, Err(MachineError::BatchConflict));
+    // The refused commands changed nothing: b is not queued, a still holds x.
+    let x = h.m.get("x").unwrap();
+    assert_eq!(x.holder, Some(a));
+    assert!(x.waiters.is_empty());
+    // A lone session end is fine.
+    let end =
+        h.m.apply_batch(h.next, vec![Command::CloseSession { session: a }]);
+    assert!(end[0].outcome.is_ok());
+}

@@ -1,0 +1,275 @@
+//! `palisade bench server`: the Palisade server with durable commits, on 1-node and
+//! 3-node clusters on loopback that it starts itself (or `--endpoints`).
+//!
+//! - uncontended: N clients (each its own session) acquire and release locks of
+//!   their own, back to back: acquire latency and acquire+release pairs per second.
+//! - contended: 8 clients queue for ONE lock; each holder releases at once. The
+//!   handoff is the time from the holder starting its release to the next holder
+//!   being granted — one commit plus the server's push to the waiter, measured on
+//!   this process's monotonic clock (all clients live in this process).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use palisade_client::{AcquireOptions, Admin, Client, ClientConfig};
+use palisade_testkit::PalisadeNode;
+use serde::Serialize;
+
+use super::stats::Samples;
+use crate::duration_arg;
+
+/// Arguments of `palisade bench server`.
+#[derive(Args)]
+pub struct ServerBenchArgs {
+    /// Cluster sizes to start and measure, comma-separated (1 and/or 3).
+    #[arg(long, value_delimiter = ',', default_value = "1,3")]
+    nodes: Vec<u64>,
+    /// Measure an existing cluster instead of starting one.
+    #[arg(long, value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// Measuring time per row.
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    duration: Duration,
+    /// Client counts of the uncontended rows.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    clients: Vec<usize>,
+    /// Clients queueing for the one lock of the contended row.
+    #[arg(long, default_value_t = 8)]
+    contenders: usize,
+    /// Print one JSON object per row instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One row of the result.
+#[derive(Serialize)]
+struct Row {
+    nodes: u64,
+    clients: usize,
+    workload: &'static str,
+    acquire_p50_us: Option<u64>,
+    acquire_p99_us: Option<u64>,
+    pairs_per_s: f64,
+    handoff_p50_us: Option<u64>,
+    handoff_p99_us: Option<u64>,
+    pairs: usize,
+}
+
+/// Runs the benchmark; returns the exit status.
+pub async fn run(a: ServerBenchArgs) -> Result<i32> {
+    let exe = std::env::current_exe().context("locating the palisade binary")?;
+    let setups: Vec<(u64, Vec<String>)> = if a.endpoints.is_empty() {
+        a.nodes.iter().map(|n| (*n, Vec::new())).collect()
+    } else {
+        vec![(a.endpoints.len() as u64, a.endpoints.clone())]
+    };
+    let rows_per_setup = a.clients.len() + 1;
+    let bar = ProgressBar::new((setups.len() * rows_per_setup) as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
+    );
+    let mut rows = Vec::new();
+    for (n, given) in setups {
+        // Kept alive until this setup is measured; killed on drop.
+        let (_nodes, endpoints) = if given.is_empty() {
+            bar.set_message(format!("starting a {n}-node cluster"));
+            let nodes = if n == 1 {
+                vec![PalisadeNode::single(&exe)?]
+            } else {
+                PalisadeNode::cluster(&exe, n, &[])?
+            };
+            let endpoints: Vec<String> = nodes.iter().map(PalisadeNode::addr).collect();
+            (nodes, endpoints)
+        } else {
+            (Vec::new(), given)
+        };
+        wait_for_leader(&endpoints).await?;
+        for &clients in &a.clients {
+            bar.set_message(format!("{n} node(s), {clients} uncontended client(s)"));
+            rows.push(uncontended(n, &endpoints, clients, a.duration).await?);
+            bar.inc(1);
+        }
+        bar.set_message(format!("{n} node(s), {} contended clients", a.contenders));
+        rows.push(contended(n, &endpoints, a.contenders, a.duration).await?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if a.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    } else {
+        print_table(&rows);
+    }
+    Ok(0)
+}
+
+fn config(endpoints: &[String]) -> ClientConfig {
+    let mut c = ClientConfig::new(endpoints.iter().cloned());
+    c.retry_for = Duration::from_secs(30);
+    c
+}
+
+async fn wait_for_leader(endpoints: &[String]) -> Result<()> {
+    let admin = Admin::new(&config(endpoints))?;
+    let start = Instant::now();
+    loop {
+        if admin.status().await.is_ok_and(|s| s.leader != 0) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "no leader elected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn uncontended(
+    nodes: u64,
+    endpoints: &[String],
+    clients: usize,
+    duration: Duration,
+) -> Result<Row> {
+    let mut handles = Vec::new();
+    let mut sessions = Vec::new();
+    for _ in 0..clients {
+        sessions.push(Client::connect(config(endpoints)).await?);
+    }
+    let start = Instant::now();
+    for (i, client) in sessions.into_iter().enumerate() {
+        handles.push(tokio::spawn(async move {
+            let name = format!("bench/uncontended/{i}");
+            let mut acq = Samples::default();
+            let began = Instant::now();
+            while began.elapsed() < duration {
+                let t = Instant::now();
+                let g = client.acquire(&name, &AcquireOptions::default()).await?;
+                acq.push(t.elapsed());
+                g.release().await?;
+            }
+            client.close().await?;
+            anyhow::Ok(acq)
+        }));
+    }
+    let mut acq = Samples::default();
+    for h in handles {
+        acq.extend(h.await??);
+    }
+    let wall = start.elapsed();
+    let pairs = acq.len();
+    let acq = acq.sorted();
+    Ok(Row {
+        nodes,
+        clients,
+        workload: "uncontended",
+        acquire_p50_us: acq.percentile(50.0),
+        acquire_p99_us: acq.percentile(99.0),
+        pairs_per_s: (pairs as f64 / wall.as_secs_f64()).round(),
+        handoff_p50_us: None,
+        handoff_p99_us: None,
+        pairs,
+    })
+}
+
+/// One holder's turn: when it was granted, and when it began releasing.
+struct Turn {
+    granted: Instant,
+    releasing: Instant,
+}
+
+async fn contended(
+    nodes: u64,
+    endpoints: &[String],
+    clients: usize,
+    duration: Duration,
+) -> Result<Row> {
+    let turns = Arc::new(Mutex::new(Vec::<Turn>::new()));
+    let mut sessions = Vec::new();
+    for _ in 0..clients {
+        sessions.push(Client::connect(config(endpoints)).await?);
+    }
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for client in sessions {
+        let turns = turns.clone();
+        handles.push(tokio::spawn(async move {
+            let wait = AcquireOptions {
+                wait: duration + Duration::from_secs(30),
+                ..Default::default()
+            };
+            let mut acq = Samples::default();
+            while start.elapsed() < duration {
+                let t = Instant::now();
+                let g = client.acquire("bench/contended", &wait).await?;
+                let granted = Instant::now();
+                acq.push(granted - t);
+                let releasing = Instant::now();
+                turns
+                    .lock()
+                    .expect("poisoned")
+                    .push(Turn { granted, releasing });
+                g.release().await?;
+            }
+            client.close().await?;
+            anyhow::Ok(acq)
+        }));
+    }
+    let mut acq = Samples::default();
+    for h in handles {
+        acq.extend(h.await??);
+    }
+    let wall = start.elapsed();
+    let mut turns = std::mem::take(&mut *turns.lock().expect("poisoned"));
+    turns.sort_by_key(|t| t.granted);
+    let mut handoff = Samples::default();
+    for pair in turns.windows(2) {
+        handoff.push(pair[1].granted.saturating_duration_since(pair[0].releasing));
+    }
+    let pairs = acq.len();
+    let (acq, handoff) = (acq.sorted(), handoff.sorted());
+    Ok(Row {
+        nodes,
+        clients,
+        workload: "contended",
+        acquire_p50_us: acq.percentile(50.0),
+        acquire_p99_us: acq.percentile(99.0),
+        pairs_per_s: (pairs as f64 / wall.as_secs_f64()).round(),
+        handoff_p50_us: handoff.percentile(50.0),
+        handoff_p99_us: handoff.percentile(99.0),
+        pairs,
+    })
+}
+
+fn print_table(rows: &[Row]) {
+    let f = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+    println!(
+        "{:>5} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11}",
+        "nodes",
+        "clients",
+        "workload",
+        "acq_p50",
+        "acq_p99",
+        "pairs/s",
+        "handoff_p50",
+        "handoff_p99"
+    );
+    for r in rows {
+        println!(
+            "{:>5} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11}",
+            r.nodes,
+            r.clients,
+            r.workload,
+            f(r.acquire_p50_us),
+            f(r.acquire_p99_us),
+            r.pairs_per_s,
+            f(r.handoff_p50_us),
+            f(r.handoff_p99_us)
+        );
+    }
+    println!(
+        "(latencies in µs; durable commits: every acknowledged grant is fsynced on a majority)"
+    );
+}

@@ -1,0 +1,305 @@
+//! The fenced object store over HTTP.
+//!
+//! | request | success | errors |
+//! |---|---|---|
+//! | `PUT /v1/objects/{key}`, header `Fencing-Token: N`, body = the object | `200 {"key","token","previous"}` | 400 `bad_key` / `malformed_token`, 428 `missing_token`, 409 `stale_token`, 413 `body_too_large` |
+//! | `GET /v1/objects/{key}` | `200`, the body, header `Fencing-Token` of the write that produced it | 400 `bad_key`, 404 `not_found` |
+//! | `DELETE /v1/objects/{key}`, header `Fencing-Token: N` | `200 {"key","token","previous","deleted"}` | as `PUT` |
+//! | `GET /v1/health` | `200 {"status":"ok","fencing":"on"\|"off"}` | |
+//!
+//! Every error is JSON: `{"error": CODE, "message": TEXT, …}`; a stale token adds
+//! `"presented"` and `"highest"`. A 2xx to a `PUT` or `DELETE` is sent only after
+//! the object and its token are committed and synced to disk. Storage failures are
+//! `500 storage`.
+
+use std::future::Future;
+use std::path::Path;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use palisade_core::FencingToken;
+use serde_json::{Value, json};
+
+use crate::fence::{Admitted, FenceError, Fencing};
+use crate::resource::ObjectKey;
+use crate::store::ObjectStore;
+
+/// The request and response header that carries the fencing token.
+pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
+
+/// Largest object body accepted, in bytes (1 MiB). Larger bodies get `413`.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Why [`serve`] stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The store in the data directory could not be opened.
+    #[error("cannot open the object store: {0}")]
+    Store(#[from] FenceError),
+    /// The listener failed.
+    #[error("fence-store server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves the fenced object store in `data_dir` (created if missing) on
+/// `listener` until `shutdown` completes, then finishes the requests in flight.
+///
+/// # Errors
+/// [`ServeError::Store`] if the store cannot be opened (e.g. another process has
+/// it open); [`ServeError::Io`] if the listener fails.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    data_dir: &Path,
+    fencing: Fencing,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let store = ObjectStore::open(data_dir, fencing)?;
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, data_dir = %data_dir.display(), ?fencing, "fence-store listening");
+    }
+    axum::serve(listener, router(store))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// The HTTP routes over `store` (for tests, or to mount under another router).
+pub fn router(store: ObjectStore) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route(
+            "/v1/objects/{*key}",
+            get(get_object).put(put_object).delete(delete_object),
+        )
+        // The catch-all route does not match an empty key; say so instead of 404.
+        .route("/v1/objects", any(empty_key))
+        .route("/v1/objects/", any(empty_key))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(store)
+}
+
+/// A refused request: a status and the JSON body `{"error", "message", …extra}`.
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    extra: Value,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl std::fmt::Display) -> Self {
+        Self {
+            status,
+            code,
+            message: message.to_string(),
+            extra: Value::Null,
+        }
+    }
+
+    fn with(mut self, extra: Value) -> Self {
+        self.extra = extra;
+        self
+    }
+
+    fn fence(key: &ObjectKey, e: FenceError) -> Self {
+        match e {
+            FenceError::StaleToken { presented, highest } => Self::new(
+                StatusCode::CONFLICT,
+                "stale_token",
+                format!(
+                    "token {presented} is stale: {:?} has already accepted token {highest}",
+                    key.as_str()
+                ),
+            )
+            .with(json!({
+                "key": key.as_str(),
+                "presented": presented.get(),
+                "highest": highest.get(),
+            })),
+            other => {
+                tracing::error!(%key, error = %other, "fence-store storage failure");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", other)
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.code, "message": self.message });
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), self.extra) {
+            body.extend(extra);
+        }
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+fn parse_key(key: Result<UrlPath<String>, PathRejection>) -> Result<ObjectKey, ApiError> {
+    let UrlPath(key) =
+        key.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_key", e.body_text()))?;
+    ObjectKey::new(&key).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_key", e).with(json!({ "key": key }))
+    })
+}
+
+fn parse_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
+    let mut values = headers.get_all(FENCING_TOKEN_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Err(ApiError::new(
+            StatusCode::PRECONDITION_REQUIRED,
+            "missing_token",
+            "this store only accepts fenced writes: send the lock's token in a Fencing-Token header",
+        ));
+    };
+    let malformed = |why: &dyn std::fmt::Display| {
+        ApiError::new(StatusCode::BAD_REQUEST, "malformed_token", why)
+    };
+    if values.next().is_some() {
+        return Err(malformed(&"more than one Fencing-Token header"));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| malformed(&"Fencing-Token is not ASCII"))?;
+    text.parse::<FencingToken>().map_err(|e| malformed(&e))
+}
+
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("an object is at most {MAX_BODY_BYTES} bytes"),
+        )
+        .with(json!({ "limit": MAX_BODY_BYTES }))
+    };
+    // Refuse a declared oversize body before reading any of it.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes().to_vec()),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            format!("cannot read the body: {e}"),
+        )),
+    }
+}
+
+/// Runs a blocking store call off the async workers (it fsyncs).
+async fn blocking<T: Send + 'static>(
+    key: &ObjectKey,
+    f: impl FnOnce() -> Result<T, FenceError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| ApiError::fence(key, e)),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("store task failed: {e}"),
+        )),
+    }
+}
+
+fn written(key: &ObjectKey, a: &Admitted) -> Value {
+    json!({
+        "key": key.as_str(),
+        "token": a.token.get(),
+        "previous": a.previous.map(FencingToken::get),
+    })
+}
+
+async fn health(State(store): State<ObjectStore>) -> Response {
+    let fencing = match store.fencing() {
+        Fencing::On => "on",
+        Fencing::Off => "off",
+    };
+    axum::Json(json!({ "status": "ok", "fencing": fencing })).into_response()
+}
+
+async fn put_object(
+    State(store): State<ObjectStore>,
+    key: Result<UrlPath<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let key = parse_key(key)?;
+    let token = parse_token(&headers)?;
+    let body = read_body(&headers, body).await?;
+    let k = key.clone();
+    let admitted = blocking(&key, move || store.put(&k, token, &body)).await?;
+    if admitted.was_stale() {
+        tracing::warn!(%key, token = %admitted.token, highest = %admitted.highest(),
+            "fencing off: accepted a stale write");
+    }
+    Ok(axum::Json(written(&key, &admitted)).into_response())
+}
+
+async fn get_object(
+    State(store): State<ObjectStore>,
+    key: Result<UrlPath<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let key = parse_key(key)?;
+    let k = key.clone();
+    let Some(object) = blocking(&key, move || store.get(&k)).await? else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no object at {:?}", key.as_str()),
+        )
+        .with(json!({ "key": key.as_str() })));
+    };
+    let headers = [
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        ),
+        (
+            header::HeaderName::from_static(FENCING_TOKEN_HEADER),
+            HeaderValue::from(object.token.get()),
+        ),
+    ];
+    Ok((headers, object.body).into_response())
+}
+
+async fn delete_object(
+    State(store): State<ObjectStore>,
+    key: Result<UrlPath<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = parse_key(key)?;
+    let token = parse_token(&headers)?;
+    let k = key.clone();
+    let (admitted, deleted) = blocking(&key, move || store.delete(&k, token)).await?;
+    let mut body = written(&key, &admitted);
+    body["deleted"] = Value::Bool(deleted);
+    Ok(axum::Json(body).into_response())
+}
+
+async fn empty_key() -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "bad_key", "object key is empty")
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method (objects take GET, PUT and DELETE)",
+    )
+}

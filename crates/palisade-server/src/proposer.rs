@@ -1,0 +1,120 @@
+//! Group commit of commands: many client requests, one log entry, one fsync.
+//!
+//! openraft 0.9 runs its log appends one at a time, waiting for each flush before
+//! taking the next request, so one client request per entry would cost one fsync
+//! per grant. The proposer keeps one entry in flight and gathers every command that
+//! arrives meanwhile into the next entry, as long as the commands touch pairwise
+//! different locks (`Command::conflict_key`): every grant made by an entry carries
+//! the entry's index as its token, so two grants of one lock must never share an
+//! entry. A command that conflicts with the batch being built starts the next one.
+
+use std::collections::HashSet;
+
+use openraft::error::{ClientWriteError, RaftError};
+use palisade_core::machine::{Applied, Command, ConflictKey};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::sm::EntryResponse;
+use crate::typ::{NodeId, Raft};
+
+/// Most commands in one entry; bounds the entry's size (names are ≤ 256 bytes).
+pub const MAX_BATCH: usize = 1024;
+/// Commands waiting for an entry; beyond this, proposers wait (back-pressure).
+const QUEUE: usize = 16 * 1024;
+
+/// Why a command was not applied.
+#[derive(Debug, Clone)]
+pub enum ProposeError {
+    /// This node is not the leader; the leader, if known.
+    NotLeader(Option<NodeId>),
+    /// Raft could not commit (shutting down, storage failure).
+    Unavailable(String),
+}
+
+struct Pending {
+    cmd: Command,
+    reply: oneshot::Sender<Result<Applied, ProposeError>>,
+}
+
+/// The handle that services use to propose commands.
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl Proposer {
+    /// Starts the batching task for `raft`.
+    pub fn start(raft: Raft) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(run(raft, rx));
+        Proposer { tx }
+    }
+
+    /// Proposes `cmd` and waits until it is committed and applied.
+    ///
+    /// # Errors
+    /// See [`ProposeError`].
+    pub async fn propose(&self, cmd: Command) -> Result<Applied, ProposeError> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || ProposeError::Unavailable("the node is shutting down".into());
+        self.tx
+            .send(Pending { cmd, reply })
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
+    let mut carry: Option<Pending> = None;
+    loop {
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let first_key = first.cmd.conflict_key();
+        let mut batch = vec![first];
+        if first_key != ConflictKey::Exclusive {
+            let mut keys = HashSet::from([first_key]);
+            while batch.len() < MAX_BATCH {
+                let Ok(next) = rx.try_recv() else { break };
+                let key = next.cmd.conflict_key();
+                if key == ConflictKey::Exclusive || keys.contains(&key) {
+                    carry = Some(next);
+                    break;
+                }
+                keys.insert(key);
+                batch.push(next);
+            }
+        }
+        let (cmds, replies): (Vec<Command>, Vec<_>) =
+            batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
+        let result = match raft.client_write(cmds).await {
+            Ok(r) => match r.data {
+                EntryResponse::Commands(applied) if applied.len() == replies.len() => Ok(applied),
+                other => Err(ProposeError::Unavailable(format!(
+                    "unexpected apply result {other:?}"
+                ))),
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ProposeError::NotLeader(f.leader_id))
+            }
+            Err(e) => Err(ProposeError::Unavailable(e.to_string())),
+        };
+        match result {
+            Ok(applied) => {
+                for (reply, a) in replies.into_iter().zip(applied) {
+                    let _ = reply.send(Ok(a));
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
