@@ -5,7 +5,9 @@
 
 mod bench;
 mod child;
+mod demo;
 mod exit;
+mod fence_cmd;
 mod redis_cmd;
 mod server_cmd;
 
@@ -41,6 +43,12 @@ enum Command {
     Locks(server_cmd::QueryArgs),
     /// Is TOKEN still the current holder's token for NAME? (exit 0 yes, 1 no)
     CheckToken(server_cmd::CheckTokenArgs),
+    /// The fenced object store: objects written with a Fencing-Token header;
+    /// stale tokens get 409.
+    FenceStore(fence_cmd::FenceStoreArgs),
+    /// Demonstrations on real processes.
+    #[command(subcommand)]
+    Demo(demo::DemoCommand),
     /// Membership changes.
     #[command(subcommand)]
     Cluster(server_cmd::ClusterCommand),
@@ -70,6 +78,8 @@ fn main() {
             Command::Locks(a) => server_cmd::locks(a).await,
             Command::CheckToken(a) => server_cmd::check_token(a).await,
             Command::Cluster(c) => server_cmd::cluster(c).await,
+            Command::FenceStore(a) => fence_cmd::serve(a).await,
+            Command::Demo(c) => demo::run(c).await,
             Command::Redis(c) => redis_cmd::run(c).await,
             Command::Bench(c) => bench::run(c).await,
         }

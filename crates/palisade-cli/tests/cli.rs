@@ -142,3 +142,84 @@ fn status_json_has_the_documented_fields() {
     assert_eq!(v["members"][0]["id"], 1);
     assert_eq!(v["members"][0]["addr"], node.addr());
 }
+
+/// A minimal HTTP/1.1 exchange, so this test needs no client library.
+fn http(addr: &str, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, out)
+}
+
+fn put(addr: &str, key: &str, token: u64, body: &str) -> (u16, String) {
+    http(
+        addr,
+        &format!(
+            "PUT /v1/objects/{key} HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+#[test]
+fn fence_store_rejects_token_33_after_34() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", palisade_testkit::free_port().unwrap());
+    let mut store = Command::new(bin())
+        .args(["fence-store", "--listen", &addr, "--data-dir"])
+        .arg(dir.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "store never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(put(&addr, "file", 34, "from 34").0, 200);
+    let (status, body) = put(&addr, "file", 33, "from 33");
+    assert_eq!(status, 409);
+    assert!(
+        body.contains("\"presented\":33") && body.contains("\"highest\":34"),
+        "{body}"
+    );
+    let (status, body) = http(
+        &addr,
+        "GET /v1/objects/file HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    assert!(
+        body.to_ascii_lowercase().contains("fencing-token: 34"),
+        "{body}"
+    );
+    assert!(body.ends_with("from 34"), "{body}");
+    let _ = store.kill();
+    let _ = store.wait();
+}
+
+#[test]
+fn the_essay_example_rejects_the_stale_write_and_its_unfenced_twin_loses_an_update() {
+    let on = Command::new(bin())
+        .args(["demo", "essay"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&on.stdout);
+    assert!(on.status.success(), "{text}");
+    assert!(text.contains("REJECTED the stale write: 409"), "{text}");
+    assert!(text.contains("holds \"written by client 2"), "{text}");
+
+    let off = Command::new(bin())
+        .args(["demo", "essay", "--fencing", "off"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&off.stdout);
+    assert!(off.status.success(), "{text}");
+    assert!(text.contains("LOST UPDATE"), "{text}");
+    assert!(text.contains("holds \"written by client 1"), "{text}");
+}

@@ -25,9 +25,14 @@ pub struct RedisBenchArgs {
     /// Use these five nodes instead of starting local servers.
     #[arg(long, value_delimiter = ',')]
     nodes: Vec<String>,
-    /// Measuring time per row.
-    #[arg(long, default_value = "3s", value_parser = duration_arg)]
+    /// Measuring time per row, split over the rounds.
+    #[arg(long, default_value = "6s", value_parser = duration_arg)]
     duration: Duration,
+    /// The rows are measured in this many interleaved rounds and the samples
+    /// pooled, so that a passing disturbance (or the scheduler's placement of the
+    /// processes on this machine's cores) does not land on one row only.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
     /// Concurrent clients of the multi-client rows.
     #[arg(long, default_value_t = 16)]
     clients: usize,
@@ -111,32 +116,39 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
             ]
         })
         .collect();
-    let bar = ProgressBar::new(plan.len() as u64).with_style(
+    let rounds = a.rounds.max(1);
+    let bar = ProgressBar::new(plan.len() as u64 * u64::from(rounds)).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
     );
-    let mut rows = Vec::new();
-    for (backend, clients, slow) in plan {
-        bar.set_message(format!(
-            "{} × {clients}{}",
-            backend.name(),
-            if slow { " (slow node)" } else { "" }
-        ));
-        let nodes = match (backend, slow) {
-            (Backend::Redlock, true) => slow_urls.clone(),
-            (Backend::Redlock, false) => urls.clone(),
-            _ => urls[..1].to_vec(),
-        };
-        let row = measure(
-            backend,
-            clients,
-            &nodes,
-            a.duration,
-            if slow { a.slow } else { Duration::ZERO },
-        )
-        .await?;
-        rows.push(row);
-        bar.inc(1);
+    let slice = a.duration / rounds;
+    let mut acc: Vec<Measured> = plan.iter().map(|_| Measured::default()).collect();
+    for round in 1..=rounds {
+        for ((backend, clients, slow), acc) in plan.iter().copied().zip(acc.iter_mut()) {
+            bar.set_message(format!(
+                "round {round}/{rounds}: {} × {clients}{}",
+                backend.name(),
+                if slow { " (slow node)" } else { "" }
+            ));
+            let nodes = match (backend, slow) {
+                (Backend::Redlock, true) => slow_urls.clone(),
+                (Backend::Redlock, false) => urls.clone(),
+                _ => urls[..1].to_vec(),
+            };
+            acc.add(measure(backend, clients, &nodes, slice).await?);
+            bar.inc(1);
+        }
     }
+    let rows: Vec<Row> = plan
+        .iter()
+        .zip(acc)
+        .map(|((backend, clients, slow), m)| {
+            m.row(
+                backend.name(),
+                *clients,
+                if *slow { a.slow } else { Duration::ZERO },
+            )
+        })
+        .collect();
     bar.finish_and_clear();
     if a.json {
         for r in &rows {
@@ -148,13 +160,47 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Samples of one row, pooled over rounds.
+#[derive(Default)]
+struct Measured {
+    acquire: Samples,
+    release: Samples,
+    failed: usize,
+    wall: Duration,
+}
+
+impl Measured {
+    fn add(&mut self, other: Measured) {
+        self.acquire.extend(other.acquire);
+        self.release.extend(other.release);
+        self.failed += other.failed;
+        self.wall += other.wall;
+    }
+
+    fn row(self, backend: &'static str, clients: usize, slow: Duration) -> Row {
+        let pairs = self.release.len();
+        let (acq, rel) = (self.acquire.sorted(), self.release.sorted());
+        Row {
+            backend,
+            clients,
+            slow_node_ms: slow.as_millis() as u64,
+            acquire_p50_us: acq.percentile(50.0),
+            acquire_p99_us: acq.percentile(99.0),
+            release_p50_us: rel.percentile(50.0),
+            release_p99_us: rel.percentile(99.0),
+            pairs_per_s: (pairs as f64 / self.wall.as_secs_f64()).round(),
+            pairs,
+            failed_acquires: self.failed,
+        }
+    }
+}
+
 async fn measure(
     backend: Backend,
     clients: usize,
     nodes: &[String],
     duration: Duration,
-    slow: Duration,
-) -> Result<Row> {
+) -> Result<Measured> {
     let mut tasks = Vec::new();
     let start = Instant::now();
     for client in 0..clients {
@@ -163,28 +209,15 @@ async fn measure(
             client_loop(backend, client, nodes, duration).await
         }));
     }
-    let (mut acq, mut rel, mut failed) = (Samples::default(), Samples::default(), 0);
+    let mut m = Measured::default();
     for t in tasks {
         let (a, r, f) = t.await??;
-        acq.extend(a);
-        rel.extend(r);
-        failed += f;
+        m.acquire.extend(a);
+        m.release.extend(r);
+        m.failed += f;
     }
-    let wall = start.elapsed();
-    let pairs = rel.len();
-    let (acq, rel) = (acq.sorted(), rel.sorted());
-    Ok(Row {
-        backend: backend.name(),
-        clients,
-        slow_node_ms: slow.as_millis() as u64,
-        acquire_p50_us: acq.percentile(50.0),
-        acquire_p99_us: acq.percentile(99.0),
-        release_p50_us: rel.percentile(50.0),
-        release_p99_us: rel.percentile(99.0),
-        pairs_per_s: (pairs as f64 / wall.as_secs_f64() * 10.0).round() / 10.0,
-        pairs,
-        failed_acquires: failed,
-    })
+    m.wall = start.elapsed();
+    Ok(m)
 }
 
 /// One client: acquire + release on its own key until `duration` has passed.
