@@ -439,3 +439,47 @@ async fn a_node_down_for_thousands_of_entries_catches_up() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_grows_and_shrinks_while_locks_keep_working() {
+    let mut nodes = PalisadeNode::cluster(bin(), 3, &[]).unwrap();
+    let mut fourth = PalisadeNode::prepare(bin(), 4).unwrap();
+    fourth.set_args(&["--join"]);
+    fourth.start().unwrap();
+    let refs: Vec<&PalisadeNode> = nodes.iter().collect();
+    leader_of(&refs).await;
+    let admin = Admin::new(&config(&refs)).unwrap();
+    let c = client(&refs).await;
+    let before = take(&c, "m").await;
+
+    admin.add_learner(4, &fourth.addr()).await.unwrap();
+    admin.change_membership(&[1, 2, 3, 4]).await.unwrap();
+    let status = admin.status().await.unwrap();
+    let mut members: Vec<u64> = status.members.iter().map(|m| m.id).collect();
+    members.sort_unstable();
+    assert_eq!(members, [1, 2, 3, 4]);
+
+    // Remove a node that is not the leader, then stop it: the rest carry on.
+    let leader = status.leader;
+    let gone = [1u64, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let keep: Vec<u64> = [1, 2, 3, 4].into_iter().filter(|id| *id != gone).collect();
+    admin.change_membership(&keep).await.unwrap();
+    drop(refs);
+    nodes[(gone - 1) as usize].kill();
+    let after = take(&c, "m").await;
+    assert!(after > before);
+    let status = admin.status().await.unwrap();
+    assert!(!status.members.iter().any(|m| m.id == gone), "{status:?}");
+    // The new member has the log: ask it directly.
+    let direct = Admin::new(&ClientConfig::new([fourth.addr()])).unwrap();
+    eventually("node 4 applied the latest entries", || {
+        let direct = direct.clone();
+        async move {
+            direct
+                .status()
+                .await
+                .is_ok_and(|s| s.last_applied >= after.get())
+        }
+    })
+    .await;
+}

@@ -114,7 +114,7 @@ pub async fn audit<S: AsRef<str>>(
     }
     let nodes = urls
         .iter()
-        .map(|u| Node::new(u.as_ref(), false).map(|n| (u.as_ref().to_owned(), n)))
+        .map(|u| Node::new(u.as_ref(), None).map(|n| (u.as_ref().to_owned(), n)))
         .collect::<Result<Vec<_>, _>>()?;
     let reports =
         futures_util::future::join_all(nodes.iter().map(|(url, node)| inspect(url, node, timeout)))

@@ -107,11 +107,11 @@ impl RedisGuard {
         if start >= old_deadline {
             return Err(self.expired());
         }
-        let (eligible, ineligible) = inner.eligible();
-        let requests = eligible
+        let requests = inner
+            .nodes
             .iter()
             .map(|n| n.extend(t.node_timeout, &self.name, &self.value, t.ttl));
-        let tally = gather(requests, inner.quorum, ineligible, false).await;
+        let tally = gather(requests, inner.quorum, false).await;
         let end = Instant::now();
         if !tally.reached() {
             return Err(RedisLockError::NotHolder {
@@ -155,7 +155,7 @@ impl RedisGuard {
             .nodes
             .iter()
             .map(|n| n.release(t.node_timeout, &self.name, &self.value));
-        let counts = gather(requests, inner.quorum, 0, false).await.counts;
+        let counts = gather(requests, inner.quorum, false).await.counts;
         if counts.granted == 0 {
             return Err(RedisLockError::NotHolder {
                 name: self.name.clone(),

@@ -49,12 +49,13 @@ pub(crate) struct Node {
     /// Cloning a multiplexed connection is cheap; the lock is held only to clone.
     conn: Mutex<Option<MultiplexedConnection>>,
     uptime: Mutex<Option<UptimeSample>>,
-    /// Read `INFO server` on every new connection (the delayed-restart rule is on).
-    track_uptime: bool,
+    /// The delayed-restart rule: a node up for less than this is not asked to
+    /// grant or extend. Its `INFO server` is read on every new connection.
+    min_uptime: Option<Duration>,
 }
 
 impl Node {
-    pub fn new(url: &str, track_uptime: bool) -> Result<Node, InputError> {
+    pub fn new(url: &str, min_uptime: Option<Duration>) -> Result<Node, InputError> {
         let parsed = url::Url::parse(url)
             .map_err(|e| InputError::Invalid(format!("redis node URL {url:?}: {e}")))?;
         if !matches!(parsed.scheme(), "redis" | "rediss") || parsed.host_str().is_none() {
@@ -73,7 +74,7 @@ impl Node {
             client,
             conn: Mutex::new(None),
             uptime: Mutex::new(None),
-            track_uptime,
+            min_uptime,
         })
     }
 
@@ -93,7 +94,7 @@ impl Node {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        if self.track_uptime {
+        if self.min_uptime.is_some() {
             let info: String = redis::cmd("INFO")
                 .arg("server")
                 .query_async(&mut conn)
@@ -125,19 +126,29 @@ impl Node {
     }
 
     /// Runs one request with the per-node timeout and classifies the answer.
-    async fn ask<F, Fut>(&self, timeout: Duration, request: F) -> Answer
+    /// With `check_uptime`, a node younger than the minimum uptime is not sent
+    /// the request: the check comes after connecting, so a node is never asked
+    /// before its uptime is known.
+    async fn ask<F, Fut>(&self, timeout: Duration, check_uptime: bool, request: F) -> Answer
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<bool>>,
     {
         let attempt = async {
             let conn = self.connection(timeout).await?;
-            request(conn).await
+            if check_uptime
+                && let Some(min) = self.min_uptime
+                && self.uptime().is_none_or(|u| u < min)
+            {
+                return Ok(None);
+            }
+            request(conn).await.map(Some)
         };
         match tokio::time::timeout(timeout, attempt).await {
             Err(_) => Answer::TimedOut,
-            Ok(Ok(true)) => Answer::Granted,
-            Ok(Ok(false)) => Answer::Refused,
+            Ok(Ok(None)) => Answer::Ineligible,
+            Ok(Ok(Some(true))) => Answer::Granted,
+            Ok(Ok(Some(false))) => Answer::Refused,
             // The client library's own connect timeout is the per-node timeout too.
             Ok(Err(e)) if e.is_timeout() => Answer::TimedOut,
             Ok(Err(e)) => {
@@ -156,7 +167,7 @@ impl Node {
         value: &str,
         ttl: Duration,
     ) -> Answer {
-        self.ask(timeout, |mut c| async move {
+        self.ask(timeout, true, |mut c| async move {
             let set: Option<String> = redis::cmd("SET")
                 .arg(key)
                 .arg(value)
@@ -172,7 +183,7 @@ impl Node {
 
     /// Compare-and-delete: granted when our value was there and is now gone.
     pub async fn release(&self, timeout: Duration, key: &str, value: &str) -> Answer {
-        self.ask(timeout, |mut c| async move {
+        self.ask(timeout, false, |mut c| async move {
             let n: i64 = redis::cmd("EVAL")
                 .arg(RELEASE)
                 .arg(1)
@@ -188,7 +199,7 @@ impl Node {
     /// Compare-and-pexpire: granted when our value was there and now expires
     /// `ttl` from the node's receipt of the request.
     pub async fn extend(&self, timeout: Duration, key: &str, value: &str, ttl: Duration) -> Answer {
-        self.ask(timeout, |mut c| async move {
+        self.ask(timeout, true, |mut c| async move {
             let n: i64 = redis::cmd("EVAL")
                 .arg(EXTEND)
                 .arg(1)

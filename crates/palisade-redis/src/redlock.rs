@@ -118,20 +118,6 @@ impl Inner {
         })
     }
 
-    /// The nodes that count towards the majority now (the delayed-restart rule),
-    /// and how many were left out. A node never sampled counts until it is: the
-    /// sample is taken on connecting, before its first request.
-    pub fn eligible(&self) -> (Vec<&Node>, usize) {
-        let Some(min) = self.config.min_uptime else {
-            return (self.nodes.iter().collect(), 0);
-        };
-        let (ok, young): (Vec<&Node>, Vec<&Node>) = self
-            .nodes
-            .iter()
-            .partition(|n| n.uptime().is_none_or(|u| u >= min));
-        (ok, young.len())
-    }
-
     /// Compare-and-delete on every node, awaiting every answer (each bounded by the
     /// per-node timeout).
     pub async fn release_everywhere(
@@ -144,7 +130,7 @@ impl Inner {
             .nodes
             .iter()
             .map(|n| n.release(t.node_timeout, key, value));
-        gather(requests, self.quorum, 0, true).await.counts
+        gather(requests, self.quorum, true).await.counts
     }
 }
 
@@ -189,10 +175,9 @@ impl Redlock {
                 .into());
             }
         }
-        let track_uptime = config.min_uptime.is_some();
         let nodes = urls
             .iter()
-            .map(|u| Node::new(u.as_ref(), track_uptime))
+            .map(|u| Node::new(u.as_ref(), config.min_uptime))
             .collect::<Result<Vec<_>, _>>()?;
         let quorum = nodes.len() / 2 + 1;
         Ok(Redlock {
@@ -300,14 +285,15 @@ impl Redlock {
         t: Timings,
         work: Duration,
     ) -> Result<RedisGuard, RedisLockError> {
-        let (eligible, ineligible) = self.inner.eligible();
         // The start time is taken before the first request leaves, on the monotonic
         // clock: wall-clock jumps on this host cannot shorten or lengthen it.
         let start = Instant::now();
-        let requests = eligible
+        let requests = self
+            .inner
+            .nodes
             .iter()
             .map(|n| n.try_set(t.node_timeout, name, value, t.ttl));
-        let tally = gather(requests, self.inner.quorum, ineligible, false).await;
+        let tally = gather(requests, self.inner.quorum, false).await;
         let elapsed = start.elapsed();
         let failure = if !tally.reached() {
             RedisLockError::NoQuorum {

@@ -21,6 +21,8 @@ pub(crate) enum Answer {
     Refused,
     TimedOut,
     Failed,
+    /// Not asked: up for less than the minimum uptime (delayed-restart rule).
+    Ineligible,
 }
 
 /// The running count of a round.
@@ -32,14 +34,11 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    pub fn new(asked: usize, needed: usize, ineligible: usize) -> Self {
+    pub fn new(asked: usize, needed: usize) -> Self {
         Tally {
             needed,
             pending: asked,
-            counts: NodeCounts {
-                ineligible,
-                ..NodeCounts::default()
-            },
+            counts: NodeCounts::default(),
         }
     }
 
@@ -52,6 +51,7 @@ impl Tally {
             Answer::Refused => c.refused += 1,
             Answer::TimedOut => c.timed_out += 1,
             Answer::Failed => c.failed += 1,
+            Answer::Ineligible => c.ineligible += 1,
         }
     }
 
@@ -77,14 +77,13 @@ impl Tally {
 pub(crate) async fn gather<F>(
     requests: impl IntoIterator<Item = F>,
     needed: usize,
-    ineligible: usize,
     wait_all: bool,
 ) -> Tally
 where
     F: Future<Output = Answer>,
 {
     let mut in_flight: FuturesUnordered<F> = requests.into_iter().collect();
-    let mut tally = Tally::new(in_flight.len(), needed, ineligible);
+    let mut tally = Tally::new(in_flight.len(), needed);
     while tally.pending > 0 {
         if !wait_all && tally.settled().is_some() {
             break;
@@ -104,7 +103,7 @@ mod tests {
 
     #[test]
     fn settles_on_majority_or_impossibility() {
-        let mut t = Tally::new(5, 3, 0);
+        let mut t = Tally::new(5, 3);
         t.record(Answer::Granted);
         t.record(Answer::Refused);
         assert_eq!(t.settled(), None);
@@ -113,7 +112,7 @@ mod tests {
         t.record(Answer::Failed);
         assert_eq!(t.settled(), Some(false));
 
-        let mut t = Tally::new(5, 3, 0);
+        let mut t = Tally::new(5, 3);
         for _ in 0..3 {
             t.record(Answer::Granted);
         }
@@ -122,9 +121,13 @@ mod tests {
 
     #[test]
     fn ineligible_nodes_cannot_help() {
-        // 5 nodes, 3 needed, 3 ineligible: only 2 asked, so it is settled at once.
-        let t = Tally::new(2, 3, 3);
+        // 5 nodes, 3 needed: three too young settle it as soon as they answer.
+        let mut t = Tally::new(5, 3);
+        for _ in 0..3 {
+            t.record(Answer::Ineligible);
+        }
         assert_eq!(t.settled(), Some(false));
+        assert_eq!(t.counts.ineligible, 3);
     }
 
     #[tokio::test]
@@ -140,14 +143,13 @@ mod tests {
                     pending(),
                 ))),
             3,
-            0,
             false,
         )
         .await;
         assert!(early.reached());
         assert_eq!(early.counts.unsettled, 1);
 
-        let all = gather(answers.iter().map(|a| ready(*a)), 2, 0, true).await;
+        let all = gather(answers.iter().map(|a| ready(*a)), 2, true).await;
         assert_eq!(all.counts.granted, 3);
         assert_eq!(all.counts.unsettled, 0);
     }
