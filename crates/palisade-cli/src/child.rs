@@ -86,3 +86,18 @@ pub fn shell_status(status: ExitStatus) -> i32 {
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(crate::exit::FAILURE)
 }
+
+/// Completes on SIGINT or SIGTERM: how servers run until stopped.
+pub async fn interrupted() {
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without handlers the default action (exit) applies; wait forever.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -150,15 +150,7 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         a.listen,
         a.data_dir.display()
     );
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("signal handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    };
-    palisade_server::run(config, shutdown).await?;
+    palisade_server::run(config, crate::child::interrupted()).await?;
     Ok(0)
 }
 
@@ -166,23 +158,17 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
 pub async fn lock(a: LockArgs) -> Result<i32> {
     let mut config = a.endpoints.config();
     config.session_ttl = a.ttl;
-    let client = match Client::connect(config).await {
-        Ok(c) => c,
-        Err(e @ ClientError::InvalidInput(_)) => {
-            eprintln!("palisade: {e}");
-            return Ok(exit::USAGE);
-        }
-        Err(e) => {
-            eprintln!("palisade: lock {:?} not obtained: {e}", a.name);
-            return Ok(exit::NOT_OBTAINED);
-        }
-    };
     let options = AcquireOptions {
         wait: a.wait,
         lock_delay: a.lock_delay,
     };
-    let guard = match client.acquire(&a.name, &options).await {
-        Ok(g) => g,
+    let acquired = async {
+        let client = Client::connect(config).await?;
+        let guard = client.acquire(&a.name, &options).await?;
+        Ok::<_, ClientError>((client, guard))
+    };
+    let (client, guard) = match acquired.await {
+        Ok(pair) => pair,
         Err(e @ ClientError::InvalidInput(_)) => {
             eprintln!("palisade: {e}");
             return Ok(exit::USAGE);

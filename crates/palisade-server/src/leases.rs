@@ -108,23 +108,44 @@ impl LeaseKeeper {
         Ok(ttl)
     }
 
-    /// Runs until the task is dropped.
+    /// Runs until the task is aborted.
     pub async fn run(self: Arc<Self>) {
-        let mut metrics = self.raft.metrics();
+        // Read each tick rather than awaited: metrics change on every applied entry,
+        // and waking for each would cost a scan per commit. A leadership change is
+        // seen within a tick; until then keep-alives fail their leadership check.
+        let metrics = self.raft.metrics();
+        // Syncing with the machine scans every session and lock, so it runs when
+        // something changed (a session or lock-delay entry was applied, or the
+        // leadership moved), and once a second as a safety net; the cheap
+        // deadline check runs every tick and on every wake-up.
+        let mut dirty = true;
+        let mut ticks_since_sync = 0u32;
+        let mut last_term = None;
         loop {
+            // Registered before the sync, so a change during the sync is not missed.
+            let changed = self.shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             let leader_term = {
-                let m = metrics.borrow_and_update();
+                let m = metrics.borrow();
                 let leading = m.state == ServerState::Leader && m.current_leader == Some(m.id);
                 leading.then_some(m.current_term)
             };
-            self.sync(leader_term);
+            if leader_term != last_term {
+                dirty = true;
+                last_term = leader_term;
+            }
+            if dirty || ticks_since_sync >= 40 {
+                self.sync(leader_term);
+                dirty = false;
+                ticks_since_sync = 0;
+            }
             if leader_term.is_some() {
                 self.expire_due();
             }
             tokio::select! {
-                () = tokio::time::sleep(TICK) => {}
-                changed = metrics.changed() => if changed.is_err() { return },
-                () = self.shared.changed.notified() => {}
+                () = tokio::time::sleep(TICK) => ticks_since_sync += 1,
+                () = &mut changed => dirty = true,
             }
         }
     }

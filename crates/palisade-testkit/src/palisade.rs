@@ -157,5 +157,11 @@ impl PalisadeNode {
 impl Drop for PalisadeNode {
     fn drop(&mut self) {
         self.kill();
+        // The data directory goes with us: keep a panic's story where a failing
+        // test shows it.
+        let log = self.log();
+        if log.contains("panicked") {
+            eprintln!("--- palisade node {} log (it panicked) ---\n{log}", self.id);
+        }
     }
 }
