@@ -4,6 +4,7 @@
 mod redis_locks;
 mod server;
 pub mod stats;
+mod svg;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -25,4 +26,28 @@ pub async fn run(command: BenchCommand) -> Result<i32> {
         BenchCommand::Redis(a) => redis_locks::run(a).await,
         BenchCommand::Server(a) => server::run(a).await,
     }
+}
+
+/// Writes the rows as JSON lines and the chart into `dir`, and says where.
+fn write_outputs<R: serde::Serialize>(
+    dir: &std::path::Path,
+    json_name: &str,
+    rows: &[R],
+    svg_name: &str,
+    svg: &str,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut json = String::new();
+    for r in rows {
+        json.push_str(&serde_json::to_string(r)?);
+        json.push('\n');
+    }
+    std::fs::write(dir.join(json_name), json)?;
+    std::fs::write(dir.join(svg_name), svg)?;
+    eprintln!(
+        "palisade: wrote {} and {}",
+        dir.join(json_name).display(),
+        dir.join(svg_name).display()
+    );
+    Ok(())
 }

@@ -16,7 +16,7 @@ use palisade_redis::{AcquireOptions, Redlock, RedlockConfig};
 use palisade_testkit::RedisServer;
 use serde::Serialize;
 
-use super::stats::Samples;
+use super::stats::{Samples, Sorted};
 use crate::duration_arg;
 
 /// Arguments of `palisade bench redis`.
@@ -42,6 +42,10 @@ pub struct RedisBenchArgs {
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also write the rows (`redis-bench.json`) and the acquire-latency
+    /// distributions as a picture (`redis-acquire-cdf.svg`) into this directory.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -138,7 +142,7 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
             bar.inc(1);
         }
     }
-    let rows: Vec<Row> = plan
+    let (rows, acquires): (Vec<Row>, Vec<Sorted>) = plan
         .iter()
         .zip(acc)
         .map(|((backend, clients, slow), m)| {
@@ -148,8 +152,29 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
                 if *slow { a.slow } else { Duration::ZERO },
             )
         })
-        .collect();
+        .unzip();
     bar.finish_and_clear();
+    if let Some(dir) = &a.out {
+        let series: Vec<(String, &Sorted)> = rows
+            .iter()
+            .zip(&acquires)
+            .map(|(r, s)| {
+                let slow = if r.slow_node_ms > 0 {
+                    format!(", {} ms node", r.slow_node_ms)
+                } else {
+                    String::new()
+                };
+                (format!("{} ×{}{slow}", r.backend, r.clients), s)
+            })
+            .collect();
+        super::write_outputs(
+            dir,
+            "redis-bench.json",
+            &rows,
+            "redis-acquire-cdf.svg",
+            &super::svg::cdf_chart("Redis locks: acquire latency (CDF)", &series),
+        )?;
+    }
     if a.json {
         for r in &rows {
             println!("{}", serde_json::to_string(r)?);
@@ -177,10 +202,10 @@ impl Measured {
         self.wall += other.wall;
     }
 
-    fn row(self, backend: &'static str, clients: usize, slow: Duration) -> Row {
+    fn row(self, backend: &'static str, clients: usize, slow: Duration) -> (Row, Sorted) {
         let pairs = self.release.len();
         let (acq, rel) = (self.acquire.sorted(), self.release.sorted());
-        Row {
+        let row = Row {
             backend,
             clients,
             slow_node_ms: slow.as_millis() as u64,
@@ -191,7 +216,8 @@ impl Measured {
             pairs_per_s: (pairs as f64 / self.wall.as_secs_f64()).round(),
             pairs,
             failed_acquires: self.failed,
-        }
+        };
+        (row, acq)
     }
 }
 
@@ -202,7 +228,6 @@ async fn measure(
     duration: Duration,
 ) -> Result<Measured> {
     let mut tasks = Vec::new();
-    let start = Instant::now();
     for client in 0..clients {
         let nodes = nodes.to_vec();
         tasks.push(tokio::spawn(async move {
@@ -211,12 +236,14 @@ async fn measure(
     }
     let mut m = Measured::default();
     for t in tasks {
-        let (a, r, f) = t.await??;
+        let (a, r, f, took) = t.await??;
+        // Each client's clock starts once it is connected; the row's wall time
+        // is the longest of them.
+        m.wall = m.wall.max(took);
         m.acquire.extend(a);
         m.release.extend(r);
         m.failed += f;
     }
-    m.wall = start.elapsed();
     Ok(m)
 }
 
@@ -226,17 +253,17 @@ async fn client_loop(
     client: usize,
     nodes: Vec<String>,
     duration: Duration,
-) -> Result<(Samples, Samples, usize)> {
+) -> Result<(Samples, Samples, usize, Duration)> {
     let key = format!("bench:{}:{client}", backend.name());
     let (mut acq, mut rel, mut failed) = (Samples::default(), Samples::default(), 0);
     let ttl = Duration::from_secs(10);
     let warmup = 50;
     let mut i = 0usize;
-    let started = Instant::now();
     if backend == Backend::Raw {
         let mut conn = redis::Client::open(nodes[0].as_str())?
             .get_multiplexed_async_connection()
             .await?;
+        let started = Instant::now();
         while started.elapsed() < duration {
             let t = Instant::now();
             let ok: Option<String> = redis::cmd("SET")
@@ -259,7 +286,7 @@ async fn client_loop(
             }
             i += 1;
         }
-        return Ok((acq, rel, failed));
+        return Ok((acq, rel, failed, started.elapsed()));
     }
     let manager = Redlock::connect(
         &nodes,
@@ -271,6 +298,7 @@ async fn client_loop(
     )
     .await?;
     let opts = AcquireOptions::new(ttl);
+    let started = Instant::now();
     while started.elapsed() < duration {
         let t = Instant::now();
         let guard = manager.acquire(&key, &opts).await;
@@ -288,7 +316,7 @@ async fn client_loop(
         }
         i += 1;
     }
-    Ok((acq, rel, failed))
+    Ok((acq, rel, failed, started.elapsed()))
 }
 
 fn print_table(rows: &[Row]) {

@@ -18,7 +18,7 @@ use palisade_client::{AcquireOptions, Admin, Client, ClientConfig};
 use palisade_testkit::PalisadeNode;
 use serde::Serialize;
 
-use super::stats::Samples;
+use super::stats::{Samples, Sorted};
 use crate::duration_arg;
 
 /// Arguments of `palisade bench server`.
@@ -42,6 +42,10 @@ pub struct ServerBenchArgs {
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also write the rows (`server-bench.json`) and the acquire and handoff
+    /// latency distributions as a picture (`server-latency-cdf.svg`) here.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
 }
 
 /// One row of the result.
@@ -71,6 +75,7 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
     );
     let mut rows = Vec::new();
+    let mut curves: Vec<(String, Sorted)> = Vec::new();
     for (n, given) in setups {
         // Kept alive until this setup is measured; killed on drop.
         let (_nodes, endpoints) = if given.is_empty() {
@@ -88,14 +93,31 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
         wait_for_leader(&endpoints).await?;
         for &clients in &a.clients {
             bar.set_message(format!("{n} node(s), {clients} uncontended client(s)"));
-            rows.push(uncontended(n, &endpoints, clients, a.duration).await?);
+            let (row, acq) = uncontended(n, &endpoints, clients, a.duration).await?;
+            curves.push((format!("acquire, {n} node(s) ×{clients}"), acq));
+            rows.push(row);
             bar.inc(1);
         }
         bar.set_message(format!("{n} node(s), {} contended clients", a.contenders));
-        rows.push(contended(n, &endpoints, a.contenders, a.duration).await?);
+        let (row, handoff) = contended(n, &endpoints, a.contenders, a.duration).await?;
+        curves.push((format!("handoff, {n} node(s) ×{}", a.contenders), handoff));
+        rows.push(row);
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if let Some(dir) = &a.out {
+        let series: Vec<(String, &Sorted)> = curves.iter().map(|(l, s)| (l.clone(), s)).collect();
+        super::write_outputs(
+            dir,
+            "server-bench.json",
+            &rows,
+            "server-latency-cdf.svg",
+            &super::svg::cdf_chart(
+                "Palisade server: acquire and handoff latency (CDF)",
+                &series,
+            ),
+        )?;
+    }
     if a.json {
         for r in &rows {
             println!("{}", serde_json::to_string(r)?);
@@ -132,7 +154,7 @@ async fn uncontended(
     endpoints: &[String],
     clients: usize,
     duration: Duration,
-) -> Result<Row> {
+) -> Result<(Row, Sorted)> {
     let mut handles = Vec::new();
     let mut sessions = Vec::new();
     for _ in 0..clients {
@@ -161,7 +183,7 @@ async fn uncontended(
     let wall = start.elapsed();
     let pairs = acq.len();
     let acq = acq.sorted();
-    Ok(Row {
+    let row = Row {
         nodes,
         clients,
         workload: "uncontended",
@@ -171,7 +193,8 @@ async fn uncontended(
         handoff_p50_us: None,
         handoff_p99_us: None,
         pairs,
-    })
+    };
+    Ok((row, acq))
 }
 
 /// One holder's turn: when it was granted, and when it began releasing.
@@ -185,7 +208,7 @@ async fn contended(
     endpoints: &[String],
     clients: usize,
     duration: Duration,
-) -> Result<Row> {
+) -> Result<(Row, Sorted)> {
     let turns = Arc::new(Mutex::new(Vec::<Turn>::new()));
     let mut sessions = Vec::new();
     for _ in 0..clients {
@@ -230,7 +253,7 @@ async fn contended(
     }
     let pairs = acq.len();
     let (acq, handoff) = (acq.sorted(), handoff.sorted());
-    Ok(Row {
+    let row = Row {
         nodes,
         clients,
         workload: "contended",
@@ -240,7 +263,8 @@ async fn contended(
         handoff_p50_us: handoff.percentile(50.0),
         handoff_p99_us: handoff.percentile(99.0),
         pairs,
-    })
+    };
+    Ok((row, handoff))
 }
 
 fn print_table(rows: &[Row]) {
