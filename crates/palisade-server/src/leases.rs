@@ -40,8 +40,8 @@ struct Tracked {
     /// The term these deadlines belong to; `None` when not leader.
     term: Option<u64>,
     sessions: HashMap<SessionId, Countdown>,
-    /// Locks in lock-delay, and when the delay ends.
-    delays: HashMap<String, Instant>,
+    /// Locks in lock-delay: the index the delay began at, and when it ends.
+    delays: HashMap<String, (u64, Instant)>,
 }
 
 /// See the module docs.
@@ -178,18 +178,17 @@ impl LeaseKeeper {
                 }
             });
         }
-        let delayed: Vec<(String, u64)> = machine
+        let delayed: Vec<(String, u64, u64)> = machine
             .list()
             .into_iter()
-            .filter(|l| l.in_lock_delay)
-            .map(|l| (l.name, l.lock_delay_ms))
+            .filter_map(|l| Some((l.name, l.lock_delay_since?, l.lock_delay_ms)))
             .collect();
         t.delays
-            .retain(|name, _| delayed.iter().any(|(n, _)| n == name));
-        for (name, ms) in delayed {
+            .retain(|name, (since, _)| delayed.iter().any(|(n, s, _)| n == name && s == since));
+        for (name, since, ms) in delayed {
             t.delays
                 .entry(name)
-                .or_insert_with(|| now + Duration::from_millis(ms));
+                .or_insert_with(|| (since, now + Duration::from_millis(ms)));
         }
     }
 
@@ -204,17 +203,21 @@ impl LeaseKeeper {
                     proposals.push(Command::ExpireSession { session: *id });
                 }
             }
-            let due: Vec<String> = t
+            let due: Vec<(String, u64)> = t
                 .delays
                 .iter()
-                .filter(|(_, end)| **end <= now)
-                .map(|(n, _)| n.clone())
+                .filter(|(_, (_, end))| *end <= now)
+                .map(|(n, (since, _))| (n.clone(), *since))
                 .collect();
-            for name in due {
+            for (name, since) in due {
                 // Removed now; re-added at full length by the next sync if the
-                // proposal does not commit.
+                // proposal does not commit. Naming the delay's start makes a late
+                // duplicate harmless to any newer delay of the same lock.
                 t.delays.remove(&name);
-                proposals.push(Command::EndLockDelay { name });
+                proposals.push(Command::EndLockDelay {
+                    name,
+                    since: Some(since),
+                });
             }
         }
         for cmd in proposals {

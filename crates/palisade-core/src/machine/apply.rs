@@ -97,7 +97,9 @@ impl LockMachine {
                 token,
             } => self.release(index, session, name, token, &mut grants),
             Command::CancelWait { session, name } => self.cancel_wait(session, name),
-            Command::EndLockDelay { name } => self.end_lock_delay(index, name, &mut grants),
+            Command::EndLockDelay { name, since } => {
+                self.end_lock_delay(index, name, since, &mut grants)
+            }
         };
         debug_assert!(
             outcome.is_ok() || grants.is_empty(),
@@ -365,10 +367,21 @@ impl LockMachine {
         Ok(Reply::WaitCancelled)
     }
 
-    fn end_lock_delay(&mut self, index: u64, name: String, grants: &mut Vec<Grant>) -> Outcome {
+    fn end_lock_delay(
+        &mut self,
+        index: u64,
+        name: String,
+        since: Option<u64>,
+        grants: &mut Vec<Grant>,
+    ) -> Outcome {
         validate_name(&name)?;
         let lock = match self.locks.get_mut(&name) {
-            Some(lock) if lock.delay_since.is_some() => lock,
+            Some(lock)
+                if lock.delay_since.is_some()
+                    && since.is_none_or(|s| lock.delay_since == Some(s)) =>
+            {
+                lock
+            }
             _ => return Err(MachineError::NotInLockDelay { name }),
         };
         lock.delay_since = None;

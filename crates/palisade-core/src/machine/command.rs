@@ -87,6 +87,11 @@ pub enum Command {
     EndLockDelay {
         /// Which lock.
         name: String,
+        /// The index at which the delay being ended began (`LockView::
+        /// lock_delay_since`). A late or duplicate entry for an earlier delay then
+        /// cannot cut a newer delay short. `None` ends whichever delay is running.
+        #[serde(default)]
+        since: Option<u64>,
     },
 }
 
@@ -112,7 +117,7 @@ impl Command {
             Command::Acquire { name, .. }
             | Command::Release { name, .. }
             | Command::CancelWait { name, .. }
-            | Command::EndLockDelay { name } => ConflictKey::Lock(name.clone()),
+            | Command::EndLockDelay { name, .. } => ConflictKey::Lock(name.clone()),
         }
     }
 }

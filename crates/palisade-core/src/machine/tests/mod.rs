@@ -106,5 +106,6 @@ fn cancel(session: SessionId, name: &str) -> Command {
 fn end_delay(name: &str) -> Command {
     Command::EndLockDelay {
         name: name.to_owned(),
+        since: None,
     }
 }

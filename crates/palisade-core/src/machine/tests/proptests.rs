@@ -114,6 +114,7 @@ fn command(op: &Op, ids: &[SessionId], m: &LockMachine) -> Command {
         },
         Op::EndDelay(lock) => Command::EndLockDelay {
             name: lock_name(lock),
+            since: None,
         },
     }
 }
@@ -249,7 +250,7 @@ fn check_step(
             prop_assert!(expiry, "lock-delay started by {:?}", cmd);
         }
         if was && !is {
-            let ended = matches!(cmd, Command::EndLockDelay { name } if name == lock);
+            let ended = matches!(cmd, Command::EndLockDelay { name, .. } if name == lock);
             prop_assert!(ended, "lock-delay ended by {:?}", cmd);
         }
     }

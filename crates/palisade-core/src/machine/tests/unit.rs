@@ -723,3 +723,29 @@ fn a_batch_refuses_a_second_command_on_the_same_lock_and_lone_commands() {
         h.m.apply_batch(h.next, vec![Command::CloseSession { session: a }]);
     assert!(end[0].outcome.is_ok());
 }
+
+#[test]
+fn end_lock_delay_names_the_delay_it_ends() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    h.apply(acquire(a, "x", false, 5_000));
+    h.apply(acquire(b, "x", true, 0));
+    h.apply(Command::ExpireSession { session: a });
+    let since =
+        h.m.get("x")
+            .unwrap()
+            .lock_delay_since
+            .expect("in lock-delay");
+    // An entry for some other (earlier) delay changes nothing.
+    let stale = h.refused(Command::EndLockDelay {
+        name: "x".into(),
+        since: Some(since - 1),
+    });
+    assert!(matches!(stale, MachineError::NotInLockDelay { .. }));
+    let ended = h.apply(Command::EndLockDelay {
+        name: "x".into(),
+        since: Some(since),
+    });
+    assert_eq!(ended.grants.len(), 1);
+    assert_eq!(ended.grants[0].session, b);
+}
