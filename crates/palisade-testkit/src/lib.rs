@@ -5,6 +5,7 @@
 //! binaries come from `PATH` (Debian's packages), or from the environment variable
 //! named by each server type.
 
+pub mod clock;
 mod palisade;
 mod postgres;
 mod redis;

@@ -15,6 +15,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
+    /// Set when the server runs under the clock-shift preload.
+    clock: Option<crate::clock::ClockShift>,
 }
 
 impl RedisServer {
@@ -37,6 +39,7 @@ impl RedisServer {
             port: 0,
             dir: tempfile::tempdir()?,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            clock: None,
         };
         let mut last_err = None;
         for _ in 0..5 {
@@ -49,6 +52,37 @@ impl RedisServer {
         Err(last_err.expect("at least one attempt"))
     }
 
+    /// Starts a server whose wall clock can be jumped (see [`RedisServer::clock`]):
+    /// Redis expires keys by `gettimeofday()`, so a jump ahead expires locks early.
+    ///
+    /// # Errors
+    /// As [`RedisServer::start`].
+    pub fn start_with_clock_shift() -> std::io::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let clock = crate::clock::ClockShift::new(dir.path().join("clock-offset-ms"))?;
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            extra_args: Vec::new(),
+            clock: Some(clock),
+        };
+        let mut last_err = None;
+        for _ in 0..5 {
+            server.port = free_port()?;
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.expect("at least one attempt"))
+    }
+
+    /// The clock of a server started with [`RedisServer::start_with_clock_shift`].
+    pub fn clock(&self) -> Option<&crate::clock::ClockShift> {
+        self.clock.as_ref()
+    }
+
     fn binary() -> PathBuf {
         std::env::var_os("PALISADE_REDIS_SERVER")
             .map(PathBuf::from)
@@ -57,7 +91,11 @@ impl RedisServer {
 
     fn spawn(&mut self) -> std::io::Result<()> {
         let port = self.port.to_string();
-        let mut child = Command::new(Self::binary())
+        let mut command = Command::new(Self::binary());
+        if let Some(clock) = &self.clock {
+            command.envs(clock.env());
+        }
+        let mut child = command
             .args([
                 "--port",
                 &port,
