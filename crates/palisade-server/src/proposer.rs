@@ -2,15 +2,16 @@
 //!
 //! openraft 0.9 runs its log appends one at a time, waiting for each flush before
 //! taking the next request, so one client request per entry would cost one fsync
-//! per grant. The proposer keeps one entry in flight and gathers every command that
-//! arrives meanwhile into the next entry, as long as the commands touch pairwise
+//! per grant. The proposer keeps at most two entries in flight (one flushing, one
+//! ready behind it) and gathers every command that arrives meanwhile into the next
+//! entry, as long as the commands touch pairwise
 //! different locks (`Command::conflict_key`): every grant made by an entry carries
 //! the entry's index as its token, so two grants of one lock must never share an
 //! entry. A command that conflicts with the batch being built starts the next one.
 
 use std::collections::HashSet;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::ClientWriteError;
 use palisade_core::machine::{Applied, Command, ConflictKey};
 use tokio::sync::{mpsc, oneshot};
 
@@ -19,6 +20,8 @@ use crate::typ::{NodeId, Raft};
 
 /// Most commands in one entry; bounds the entry's size (names are ≤ 256 bytes).
 pub const MAX_BATCH: usize = 1024;
+/// Entries submitted to openraft and not yet answered.
+const IN_FLIGHT: usize = 2;
 /// Commands waiting for an entry; beyond this, proposers wait (back-pressure).
 const QUEUE: usize = 16 * 1024;
 
@@ -66,6 +69,7 @@ impl Proposer {
 }
 
 async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let mut carry: Option<Pending> = None;
     loop {
         let first = match carry.take() {
@@ -92,29 +96,48 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         }
         let (cmds, replies): (Vec<Command>, Vec<_>) =
             batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
-        let result = match raft.client_write(cmds).await {
-            Ok(r) => match r.data {
-                EntryResponse::Commands(applied) if applied.len() == replies.len() => Ok(applied),
-                other => Err(ProposeError::Unavailable(format!(
-                    "unexpected apply result {other:?}"
-                ))),
-            },
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ProposeError::NotLeader(f.leader_id))
-            }
-            Err(e) => Err(ProposeError::Unavailable(e.to_string())),
-        };
-        match result {
-            Ok(applied) => {
-                for (reply, a) in replies.into_iter().zip(applied) {
-                    let _ = reply.send(Ok(a));
+        // At most IN_FLIGHT entries are submitted and not yet answered: one being
+        // flushed and one queued behind it, so the next entry is ready the moment
+        // openraft takes it, while commands keep gathering into batches meanwhile.
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        // Submitted here, in order; answered by a task of its own.
+        let submitted = raft.client_write_ff(cmds).await;
+        tokio::spawn(async move {
+            let result = match submitted {
+                Err(fatal) => Err(ProposeError::Unavailable(fatal.to_string())),
+                Ok(answer) => match answer.await {
+                    Err(_) => Err(ProposeError::Unavailable("raft dropped the write".into())),
+                    Ok(Ok(r)) => match r.data {
+                        EntryResponse::Commands(applied) if applied.len() == replies.len() => {
+                            Ok(applied)
+                        }
+                        other => Err(ProposeError::Unavailable(format!(
+                            "unexpected apply result {other:?}"
+                        ))),
+                    },
+                    Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
+                        Err(ProposeError::NotLeader(f.leader_id))
+                    }
+                    Ok(Err(e)) => Err(ProposeError::Unavailable(e.to_string())),
+                },
+            };
+            drop(permit);
+            match result {
+                Ok(applied) => {
+                    for (reply, a) in replies.into_iter().zip(applied) {
+                        let _ = reply.send(Ok(a));
+                    }
+                }
+                Err(e) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
                 }
             }
-            Err(e) => {
-                for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
-        }
+        });
     }
 }
