@@ -34,22 +34,13 @@ impl RedisServer {
     /// # Errors
     /// As [`RedisServer::start`].
     pub fn start_with(extra_args: &[&str]) -> std::io::Result<Self> {
-        let mut server = RedisServer {
+        Self::launch(RedisServer {
             child: None,
             port: 0,
             dir: tempfile::tempdir()?,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             clock: None,
-        };
-        let mut last_err = None;
-        for _ in 0..5 {
-            server.port = free_port()?;
-            match server.spawn() {
-                Ok(()) => return Ok(server),
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.expect("at least one attempt"))
+        })
     }
 
     /// Starts a server whose wall clock can be jumped (see [`RedisServer::clock`]):
@@ -60,13 +51,17 @@ impl RedisServer {
     pub fn start_with_clock_shift() -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let clock = crate::clock::ClockShift::new(dir.path().join("clock-offset-ms"))?;
-        let mut server = RedisServer {
+        Self::launch(RedisServer {
             child: None,
             port: 0,
             dir,
             extra_args: Vec::new(),
             clock: Some(clock),
-        };
+        })
+    }
+
+    /// Spawns on a free port, retrying on another if the port was taken meanwhile.
+    fn launch(mut server: RedisServer) -> std::io::Result<Self> {
         let mut last_err = None;
         for _ in 0..5 {
             server.port = free_port()?;

@@ -152,14 +152,25 @@ impl StateMachineStore {
         }
     }
 
-    fn save_snapshot(&self, stored: &StoredSnapshot) -> io::Result<()> {
-        let bytes = serde_json::to_vec(stored).map_err(io_err)?;
-        let w = self.db.begin_write().map_err(io_err)?;
-        {
-            let mut t = w.open_table(SNAPSHOT).map_err(io_err)?;
-            t.insert("current", bytes.as_slice()).map_err(io_err)?;
-        }
-        w.commit().map_err(io_err)
+    /// Makes `stored` the current snapshot, durably.
+    // openraft's storage traits return this (large) error type anyway.
+    #[allow(clippy::result_large_err)]
+    fn save_snapshot(&self, stored: &StoredSnapshot) -> Result<(), StorageError<NodeId>> {
+        let write = || -> io::Result<()> {
+            let bytes = serde_json::to_vec(stored).map_err(io_err)?;
+            let w = self.db.begin_write().map_err(io_err)?;
+            {
+                let mut t = w.open_table(SNAPSHOT).map_err(io_err)?;
+                t.insert("current", bytes.as_slice()).map_err(io_err)?;
+            }
+            w.commit().map_err(io_err)
+        };
+        write().map_err(|e| {
+            StorageError::from(openraft::StorageIOError::write_snapshot(
+                Some(stored.meta.signature()),
+                &e,
+            ))
+        })
     }
 }
 
@@ -260,12 +271,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: meta.clone(),
             data,
         };
-        self.save_snapshot(&stored).map_err(|e| {
-            StorageError::from(openraft::StorageIOError::write_snapshot(
-                Some(meta.signature()),
-                &e,
-            ))
-        })?;
+        self.save_snapshot(&stored)?;
         *self.shared.machine.write().expect("poisoned") = machine;
         *self.shared.last_applied.write().expect("poisoned") = meta.last_log_id;
         *self.shared.membership.write().expect("poisoned") = meta.last_membership.clone();
@@ -310,12 +316,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             meta: meta.clone(),
             data,
         };
-        self.save_snapshot(&stored).map_err(|e| {
-            StorageError::from(openraft::StorageIOError::write_snapshot(
-                Some(meta.signature()),
-                &e,
-            ))
-        })?;
+        self.save_snapshot(&stored)?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(stored.data)),
