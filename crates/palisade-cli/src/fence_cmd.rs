@@ -41,6 +41,10 @@ pub struct FenceStoreArgs {
     /// Check fencing tokens (on) or accept every write (off).
     #[arg(long, value_enum, default_value = "on")]
     fencing: FencingArg,
+    /// Append one JSON line per decision on a fenced request (put, delete, fenced
+    /// read; accepted or refused, with its monotonic-clock time) to this file.
+    #[arg(long)]
+    journal: Option<PathBuf>,
 }
 
 /// Serves the store until SIGINT/SIGTERM.
@@ -64,7 +68,13 @@ pub async fn serve(a: FenceStoreArgs) -> Result<i32> {
             _ = term.recv() => {}
         }
     };
-    palisade_fence::http::serve(listener, &a.data_dir, a.fencing.into(), shutdown).await?;
+    let mut store = palisade_fence::ObjectStore::open(&a.data_dir, a.fencing.into())?;
+    if let Some(path) = &a.journal {
+        let journal = palisade_fence::Journal::open(path)
+            .with_context(|| format!("opening the journal {}", path.display()))?;
+        store = store.with_journal(journal);
+    }
+    palisade_fence::http::serve_store(listener, store, shutdown).await?;
     Ok(0)
 }
 

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `PUT /v1/objects/{key}`, header `Fencing-Token: N`, body = the object | `200 {"key","token","previous"}` | 400 `bad_key` / `malformed_token`, 428 `missing_token`, 409 `stale_token`, 413 `body_too_large` |
 //! | `GET /v1/objects/{key}` | `200`, the body, header `Fencing-Token` of the write that produced it | 400 `bad_key`, 404 `not_found` |
+//! | `GET /v1/objects/{key}`, header `Fencing-Token: N` (a fenced read: admits N first) | as `GET` | as `GET`, and 400 `malformed_token`, 409 `stale_token` |
 //! | `DELETE /v1/objects/{key}`, header `Fencing-Token: N` | `200 {"key","token","previous","deleted"}` | as `PUT` |
 //! | `GET /v1/health` | `200 {"status":"ok","fencing":"on"\|"off"}` | |
 //!
@@ -59,9 +60,21 @@ pub async fn serve(
     fencing: Fencing,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let store = ObjectStore::open(data_dir, fencing)?;
+    serve_store(listener, ObjectStore::open(data_dir, fencing)?, shutdown).await
+}
+
+/// Serves an opened `store` on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// [`ServeError::Io`] if the listener fails.
+pub async fn serve_store(
+    listener: tokio::net::TcpListener,
+    store: ObjectStore,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let fencing = store.fencing();
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, data_dir = %data_dir.display(), ?fencing, "fence-store listening");
+        tracing::info!(%addr, ?fencing, "fence-store listening");
     }
     axum::serve(listener, router(store))
         .with_graceful_shutdown(shutdown)
@@ -250,10 +263,17 @@ async fn put_object(
 async fn get_object(
     State(store): State<ObjectStore>,
     key: Result<UrlPath<String>, PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let key = parse_key(key)?;
     let k = key.clone();
-    let Some(object) = blocking(&key, move || store.get(&k)).await? else {
+    let object = if headers.contains_key(FENCING_TOKEN_HEADER) {
+        let token = parse_token(&headers)?;
+        blocking(&key, move || store.get_fenced(&k, token).map(|(_, o)| o)).await?
+    } else {
+        blocking(&key, move || store.get(&k)).await?
+    };
+    let Some(object) = object else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",

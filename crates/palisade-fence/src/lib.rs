@@ -42,7 +42,11 @@
 //!   `428 missing_token`, a malformed one `400 malformed_token`, a stale one
 //!   `409 stale_token` with `presented` and `highest`;
 //! - one write transaction (and one fsync) at a time for the whole store;
-//! - a deleted object keeps its highest token, so a stale holder cannot recreate it.
+//! - a deleted object keeps its highest token, so a stale holder cannot recreate it;
+//! - a `GET` that presents a token is a **fenced read**: the token is admitted
+//!   (raising the fence, or `409` if stale) before the object is read. A
+//!   read-modify-write needs it: otherwise a stale holder's write can land between
+//!   the new holder's read and write and be lost, although no token went backwards.
 //!
 //! [`Fencing::Off`] turns the check off (every write accepted, each still recording
 //! its token): the unfenced twin, to show the lost update fencing prevents.
@@ -50,6 +54,7 @@
 pub mod durable;
 pub mod fence;
 pub mod http;
+pub mod journal;
 pub mod postgres;
 pub mod redis;
 pub mod resource;
@@ -57,6 +62,7 @@ pub mod store;
 
 pub use durable::{DurableFence, StoreError};
 pub use fence::{Admitted, Fence, FenceError, Fencing, TokenFence};
+pub use journal::{Journal, JournalEntry};
 pub use resource::{
     KeyError, MAX_KEY_LEN, MAX_RESOURCE_LEN, ObjectKey, ResourceError, validate_resource,
 };

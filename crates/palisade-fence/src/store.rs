@@ -3,10 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use palisade_core::FencingToken;
-use redb::TableDefinition;
+use redb::{ReadableTable, TableDefinition};
+
+use std::sync::Arc;
 
 use crate::durable::{DurableFence, token_from_db};
 use crate::fence::{Admitted, FenceError, Fencing, TokenFence};
+use crate::journal::{Journal, JournalEntry, monotonic_us};
 use crate::resource::ObjectKey;
 
 /// The objects: key → (token of the write that produced it, body).
@@ -36,6 +39,7 @@ pub struct StoredObject {
 pub struct ObjectStore {
     fence: DurableFence,
     fencing: Fencing,
+    journal: Option<Arc<Journal>>,
 }
 
 impl ObjectStore {
@@ -51,7 +55,53 @@ impl ObjectStore {
         let txn = fence.database().begin_write()?;
         txn.open_table(OBJECTS)?;
         txn.commit()?;
-        Ok(Self { fence, fencing })
+        Ok(Self {
+            fence,
+            fencing,
+            journal: None,
+        })
+    }
+
+    /// Records every decision on a fenced request in `journal` from now on.
+    #[must_use]
+    pub fn with_journal(mut self, journal: Journal) -> Self {
+        self.journal = Some(Arc::new(journal));
+        self
+    }
+
+    fn record(
+        &self,
+        op: &str,
+        key: &ObjectKey,
+        token: FencingToken,
+        accepted: bool,
+        body: Option<&[u8]>,
+    ) {
+        if let Some(journal) = &self.journal {
+            journal.record(&JournalEntry {
+                at_us: monotonic_us(),
+                op: op.to_owned(),
+                key: key.as_str().to_owned(),
+                token: token.get(),
+                accepted,
+                body: body.map(|b| String::from_utf8_lossy(b).into_owned()),
+            });
+        }
+    }
+
+    /// Journals a refusal (a stale token) of `op`; passes the result through.
+    fn note_refusal<T>(
+        &self,
+        op: &str,
+        key: &ObjectKey,
+        token: FencingToken,
+        body: Option<&[u8]>,
+        result: Result<T, FenceError>,
+    ) -> Result<T, FenceError> {
+        if let Err(FenceError::StaleToken { .. }) = &result {
+            self.record(op, key, token, false, body);
+        }
+        result
     }
 
     /// The database file of a store in `data_dir`.
@@ -75,13 +125,18 @@ impl ObjectStore {
         token: FencingToken,
         body: &[u8],
     ) -> Result<Admitted, FenceError> {
-        self.fence
+        let result = self
+            .fence
             .write_with(key.as_str(), token, self.fencing, |txn, admitted| {
                 let mut objects = txn.open_table(OBJECTS)?;
                 objects.insert(key.as_str(), (admitted.token.get(), body))?;
+                // Stamped inside the transaction: one writer at a time, so the
+                // journal's order is the commit order.
+                self.record("put", key, token, true, Some(body));
                 Ok::<_, FenceError>(())
             })
-            .map(|(a, ())| a)
+            .map(|(a, ())| a);
+        self.note_refusal("put", key, token, Some(body), result)
     }
 
     /// Deletes the object at `key` if `token` is not stale; returns whether there
@@ -94,12 +149,48 @@ impl ObjectStore {
         key: &ObjectKey,
         token: FencingToken,
     ) -> Result<(Admitted, bool), FenceError> {
-        self.fence
+        let result = self
+            .fence
             .write_with(key.as_str(), token, self.fencing, |txn, _| {
                 let mut objects = txn.open_table(OBJECTS)?;
                 let existed = objects.remove(key.as_str())?.is_some();
+                self.record("delete", key, token, true, None);
                 Ok::<_, FenceError>(existed)
-            })
+            });
+        self.note_refusal("delete", key, token, None, result)
+    }
+
+    /// A fenced read: admits `token` for `key` (raising its fence, durably) and
+    /// reads the object in the same transaction. After it, no write with a lower
+    /// token can land, so a read-modify-write under the lock is not lost to a
+    /// stale holder's write racing between the read and the write.
+    ///
+    /// # Errors
+    /// [`FenceError::StaleToken`] (nothing read; never with [`Fencing::Off`]), or
+    /// [`FenceError::Storage`].
+    pub fn get_fenced(
+        &self,
+        key: &ObjectKey,
+        token: FencingToken,
+    ) -> Result<(Admitted, Option<StoredObject>), FenceError> {
+        let result = self
+            .fence
+            .write_with(key.as_str(), token, self.fencing, |txn, _| {
+                let objects = txn.open_table(OBJECTS)?;
+                let object = match objects.get(key.as_str())? {
+                    Some(guard) => {
+                        let (raw, body) = guard.value();
+                        Some(StoredObject {
+                            token: token_from_db(key.as_str(), raw)?,
+                            body: body.to_vec(),
+                        })
+                    }
+                    None => None,
+                };
+                self.record("read", key, token, true, None);
+                Ok::<_, FenceError>(object)
+            });
+        self.note_refusal("read", key, token, None, result)
     }
 
     /// The object at `key`, if any.
@@ -153,5 +244,44 @@ mod tests {
         assert_eq!(store.highest(&key).unwrap(), Some(t(11)));
         let (_, existed) = store.delete(&key, t(11)).unwrap();
         assert!(!existed);
+    }
+
+    #[test]
+    fn a_fenced_read_raises_the_fence_and_is_journaled() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal_path = dir.path().join("journal.jsonl");
+        let store = ObjectStore::open(&dir.path().join("db"), Fencing::On)
+            .unwrap()
+            .with_journal(Journal::open(&journal_path).unwrap());
+        let key = ObjectKey::new("counter").unwrap();
+        store.put(&key, t(5), b"1").unwrap();
+        // The new holder (6) reads before writing; the old holder's (5) late
+        // write must now fail although 6 has written nothing yet.
+        let (_, object) = store.get_fenced(&key, t(6)).unwrap();
+        assert_eq!(object.unwrap().body, b"1");
+        assert!(matches!(
+            store.put(&key, t(5), b"2"),
+            Err(FenceError::StaleToken { .. })
+        ));
+        assert!(matches!(
+            store.get_fenced(&key, t(4)),
+            Err(FenceError::StaleToken { .. })
+        ));
+        let entries = Journal::read_all(&journal_path).unwrap();
+        let summary: Vec<(&str, u64, bool)> = entries
+            .iter()
+            .map(|e| (e.op.as_str(), e.token, e.accepted))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("put", 5, true),
+                ("read", 6, true),
+                ("put", 5, false),
+                ("read", 4, false)
+            ]
+        );
+        assert_eq!(entries[0].body.as_deref(), Some("1"));
+        assert!(entries.windows(2).all(|w| w[0].at_us <= w[1].at_us));
     }
 }
