@@ -21,6 +21,7 @@ pub(crate) struct Connector {
     pub retry_for: Duration,
     /// Rotates through endpoints when no leader is known.
     next: Mutex<usize>,
+    address_map: HashMap<String, String>,
 }
 
 impl Connector {
@@ -35,6 +36,7 @@ impl Connector {
             rpc_timeout: config.rpc_timeout,
             retry_for: config.retry_for,
             next: Mutex::new(0),
+            address_map: config.address_map.clone(),
         })
     }
 
@@ -63,6 +65,7 @@ impl Connector {
             .metadata()
             .get(LEADER_KEY)
             .and_then(|v| v.to_str().ok())
+            .map(|a| self.address_map.get(a).map_or(a, String::as_str))
             .filter(|a| !a.is_empty() && *a != failed)
             .map(str::to_owned);
         if let Some(addr) = &named {

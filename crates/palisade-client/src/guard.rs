@@ -59,6 +59,13 @@ impl FencedGuard {
         self.client.remaining()
     }
 
+    /// Until when the lock is guaranteed, on this process's monotonic clock (the
+    /// send time of the last acknowledged keep-alive + TTL − margin). Moves forward
+    /// with each keep-alive; set to "now" when the session is known to be gone.
+    pub fn guaranteed_until(&self) -> Instant {
+        self.client.guaranteed_until()
+    }
+
     /// Held; jeopardy when less than half the TTL is guaranteed (keep-alives are
     /// failing); lost at zero.
     pub fn state(&self) -> LeaseState {

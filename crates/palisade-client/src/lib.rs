@@ -62,6 +62,10 @@ pub struct ClientConfig {
     pub retry_for: Duration,
     /// Shown by `palisade locks` next to the locks this session holds.
     pub label: String,
+    /// Rewrites the addresses nodes name as leader (their advertised `HOST:PORT`)
+    /// into the address this client must dial — for clients that reach the
+    /// cluster through a proxy or NAT. Addresses not in the map are dialled as named.
+    pub address_map: std::collections::HashMap<String, String>,
 }
 
 impl ClientConfig {
@@ -74,6 +78,7 @@ impl ClientConfig {
             rpc_timeout: Duration::from_secs(2),
             retry_for: Duration::from_secs(10),
             label: default_label(),
+            address_map: std::collections::HashMap::new(),
         }
     }
 }
@@ -132,6 +137,13 @@ impl Client {
     /// How long the session (and every lock it holds) is still guaranteed.
     pub fn remaining(&self) -> Duration {
         self.session.remaining()
+    }
+
+    /// Until when the session is guaranteed, on this process's monotonic clock:
+    /// the send time of the last acknowledged keep-alive + TTL − margin. Moves
+    /// forward with each keep-alive; set to "now" when the session is known gone.
+    pub fn guaranteed_until(&self) -> std::time::Instant {
+        *self.session.subscribe().borrow()
     }
 
     /// Acquires `name`, waiting up to `options.wait` in FIFO order. The server
