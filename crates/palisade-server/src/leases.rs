@@ -88,6 +88,14 @@ impl LeaseKeeper {
             c.deadline = Instant::now() + c.ttl;
             return Ok(c.ttl);
         }
+        // A new leader may not have applied every committed entry yet: a session
+        // created just before the election can be committed but not yet in its
+        // machine. Calling it unknown would kill a live session, so until an entry
+        // of this term has been applied (then everything before it has), say
+        // "not ready" and let the client retry.
+        if !self.applied_own_term() {
+            return Err(KeepAliveError::NotLeader);
+        }
         // Created since the last sync: look it up.
         let ttl = self
             .shared
@@ -106,6 +114,15 @@ impl LeaseKeeper {
             },
         );
         Ok(ttl)
+    }
+
+    /// Whether this node's state machine has applied an entry of its current term
+    /// (and so every entry committed before it).
+    fn applied_own_term(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.last_applied
+            .is_some_and(|applied| applied.leader_id.term == m.current_term)
     }
 
     /// Runs until the task is aborted.

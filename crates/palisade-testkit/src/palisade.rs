@@ -140,6 +140,11 @@ impl PalisadeNode {
         self.id
     }
 
+    /// The process id while it runs (to pause it with SIGSTOP, for one).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the process is running.
     pub fn is_running(&self) -> bool {
         self.child.is_some()
