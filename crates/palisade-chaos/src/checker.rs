@@ -29,22 +29,62 @@ pub struct Report {
     pub linearizable: Option<bool>,
 }
 
-struct Grant {
-    client: u32,
-    lock: String,
-    invoked_at: u64,
-    ok_at: u64,
-    token: Option<u64>,
-    /// When the client stopped believing it held the lock (release invoked, lease
-    /// reported lost, validity ended); `u64::MAX` if never.
-    believed_until: u64,
+/// Which events make up each violation [`Report`] counts, by position in
+/// [`History::events`]; [`check`] is [`Violations::report`] of this, so the two
+/// always agree.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Violations {
+    /// Pairs of `AcquireOk` events (earlier-recorded first) whose believed-held
+    /// intervals overlap; one per counted overlap.
+    pub overlapping_grants: Vec<(usize, usize)>,
+    /// Accepted `Write` events that were stale.
+    pub stale_accepted: Vec<usize>,
+    /// Refused `Write` events.
+    pub stale_rejected: Vec<usize>,
+    /// Accepted `Write` events whose read missed the previous accepted write.
+    pub lost_updates: Vec<usize>,
+    /// Pairs of `AcquireOk` events on one lock whose tokens are duplicated or go
+    /// backwards in real time. Pairs rather than single grants because the
+    /// report counts pairs.
+    pub non_monotonic: Vec<(usize, usize)>,
+    /// As [`Report::linearizable`].
+    pub linearizable: Option<bool>,
 }
 
-fn grants(h: &History) -> Vec<Grant> {
+impl Violations {
+    /// The counts of these violations.
+    pub fn report(&self) -> Report {
+        Report {
+            overlaps: self.overlapping_grants.len(),
+            stale_writes_accepted: self.stale_accepted.len(),
+            stale_writes_rejected: self.stale_rejected.len(),
+            lost_updates: self.lost_updates.len(),
+            non_monotonic_tokens: self.non_monotonic.len(),
+            linearizable: self.linearizable,
+        }
+    }
+}
+
+/// One granted acquire, as the checker and the timeline see it.
+pub(crate) struct Grant {
+    /// Position of the `AcquireOk` in [`History::events`].
+    pub(crate) event: usize,
+    pub(crate) client: u32,
+    pub(crate) lock: String,
+    pub(crate) invoked_at: u64,
+    pub(crate) ok_at: u64,
+    pub(crate) token: Option<u64>,
+    /// When the client stopped believing it held the lock (release invoked, lease
+    /// reported lost, validity ended); `u64::MAX` if never.
+    pub(crate) believed_until: u64,
+}
+
+/// The grants of `h`, in recorded order.
+pub(crate) fn grants(h: &History) -> Vec<Grant> {
     let mut out: Vec<Grant> = Vec::new();
     let mut invoked: HashMap<(u32, String), u64> = HashMap::new();
     let mut open: HashMap<(u32, String), usize> = HashMap::new();
-    for e in &h.events {
+    for (index, e) in h.events.iter().enumerate() {
         match &e.kind {
             EventKind::AcquireInvoke { lock } => {
                 invoked.insert((e.client, lock.clone()), e.at_us);
@@ -57,6 +97,7 @@ fn grants(h: &History) -> Vec<Grant> {
                 let key = (e.client, lock.clone());
                 open.insert(key.clone(), out.len());
                 out.push(Grant {
+                    event: index,
                     client: e.client,
                     lock: lock.clone(),
                     invoked_at: invoked.get(&key).copied().unwrap_or(e.at_us),
@@ -78,8 +119,13 @@ fn grants(h: &History) -> Vec<Grant> {
 
 /// Counts everything [`Report`] lists.
 pub fn check(h: &History) -> Report {
+    violations(h).report()
+}
+
+/// Finds everything [`Report`] counts, as the events involved.
+pub fn violations(h: &History) -> Violations {
     let grants = grants(h);
-    let mut report = Report::default();
+    let mut found = Violations::default();
 
     for (i, a) in grants.iter().enumerate() {
         for b in &grants[i + 1..] {
@@ -88,14 +134,14 @@ pub fn check(h: &History) -> Report {
                 && a.ok_at < b.believed_until
                 && b.ok_at < a.believed_until
             {
-                report.overlaps += 1;
+                found.overlapping_grants.push((a.event, b.event));
             }
         }
     }
 
     let mut highest: HashMap<&str, u64> = HashMap::new();
     let mut counter: HashMap<&str, i64> = HashMap::new();
-    for e in &h.events {
+    for (index, e) in h.events.iter().enumerate() {
         let EventKind::Write {
             lock,
             resource,
@@ -108,7 +154,7 @@ pub fn check(h: &History) -> Report {
             continue;
         };
         if !accepted {
-            report.stale_writes_rejected += 1;
+            found.stale_rejected.push(index);
             continue;
         }
         let stale = match token {
@@ -137,11 +183,11 @@ pub fn check(h: &History) -> Report {
             }
         };
         if stale {
-            report.stale_writes_accepted += 1;
+            found.stale_accepted.push(index);
         }
         let current = counter.entry(resource).or_insert(0);
         if read != current {
-            report.lost_updates += 1;
+            found.lost_updates.push(index);
         }
         *current = *wrote;
     }
@@ -150,43 +196,43 @@ pub fn check(h: &History) -> Report {
     for g in grants.iter().filter(|g| g.token.is_some()) {
         by_lock.entry(&g.lock).or_default().push(g);
     }
-    let mut duplicate_tokens = 0;
     for gs in by_lock.values() {
         for (i, a) in gs.iter().enumerate() {
             for b in &gs[i + 1..] {
                 let (ta, tb) = (a.token.unwrap_or(0), b.token.unwrap_or(0));
-                if ta == tb {
-                    duplicate_tokens += 1;
-                } else if (a.ok_at < b.invoked_at && ta > tb) || (b.ok_at < a.invoked_at && tb > ta)
-                {
-                    report.non_monotonic_tokens += 1;
+                // A token issued twice breaks the model whatever the timing.
+                let duplicate = ta == tb;
+                let backwards =
+                    (a.ok_at < b.invoked_at && ta > tb) || (b.ok_at < a.invoked_at && tb > ta);
+                if duplicate || backwards {
+                    found.non_monotonic.push((a.event, b.event));
                 }
             }
         }
     }
-    report.non_monotonic_tokens += duplicate_tokens;
     if !by_lock.is_empty() {
-        report.linearizable = Some(report.non_monotonic_tokens == 0);
+        found.linearizable = Some(found.non_monotonic.is_empty());
     }
-    report
+    found
 }
 
+/// Event builders and the hand-written histories the checker is tested on,
+/// shared with the summary and timeline tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::history::Event;
+pub(crate) mod fixtures {
+    use crate::history::{Event, EventKind, History};
 
-    fn ev(at_us: u64, client: u32, kind: EventKind) -> Event {
+    pub(crate) fn ev(at_us: u64, client: u32, kind: EventKind) -> Event {
         Event {
             at_us,
             client,
             kind,
         }
     }
-    fn invoke(at: u64, c: u32) -> Event {
+    pub(crate) fn invoke(at: u64, c: u32) -> Event {
         ev(at, c, EventKind::AcquireInvoke { lock: "L".into() })
     }
-    fn ok(at: u64, c: u32, token: Option<u64>) -> Event {
+    pub(crate) fn ok(at: u64, c: u32, token: Option<u64>) -> Event {
         ev(
             at,
             c,
@@ -197,13 +243,19 @@ mod tests {
             },
         )
     }
-    fn release(at: u64, c: u32) -> Event {
+    pub(crate) fn fail(at: u64, c: u32) -> Event {
+        ev(at, c, EventKind::AcquireFail { lock: "L".into() })
+    }
+    pub(crate) fn release(at: u64, c: u32) -> Event {
         ev(at, c, EventKind::ReleaseInvoke { lock: "L".into() })
     }
-    fn lost(at: u64, c: u32) -> Event {
+    pub(crate) fn lost(at: u64, c: u32) -> Event {
         ev(at, c, EventKind::LeaseLost { lock: "L".into() })
     }
-    fn write(at: u64, c: u32, token: Option<u64>, accepted: bool, read: i64) -> Event {
+    pub(crate) fn fault(at: u64, what: &str) -> Event {
+        ev(at, 0, EventKind::Fault { what: what.into() })
+    }
+    pub(crate) fn write(at: u64, c: u32, token: Option<u64>, accepted: bool, read: i64) -> Event {
         ev(
             at,
             c,
@@ -217,16 +269,15 @@ mod tests {
             },
         )
     }
-    fn history(events: Vec<Event>) -> History {
+    pub(crate) fn history(events: Vec<Event>) -> History {
         History {
             events,
             ..History::default()
         }
     }
 
-    #[test]
-    fn a_clean_fenced_history_has_no_violation() {
-        let r = check(&history(vec![
+    pub(crate) fn clean_fenced() -> History {
+        history(vec![
             invoke(0, 1),
             ok(10, 1, Some(33)),
             write(20, 1, Some(33), true, 0),
@@ -235,7 +286,99 @@ mod tests {
             ok(40, 2, Some(34)),
             write(50, 2, Some(34), true, 1),
             release(60, 2),
-        ]));
+        ])
+    }
+
+    /// Client 1 pauses holding token 33; client 2 gets 34 and writes; client 1
+    /// wakes and writes with 33, which the fenced resource refuses.
+    pub(crate) fn essays_pause_fenced() -> History {
+        history(vec![
+            invoke(0, 1),
+            ok(10, 1, Some(33)),
+            invoke(20, 2),
+            ok(1_000, 2, Some(34)),
+            write(1_010, 2, Some(34), true, 0),
+            write(2_000, 1, Some(33), false, 0),
+            lost(2_001, 1),
+        ])
+    }
+
+    pub(crate) fn fenced_store_accepting_33_after_34() -> History {
+        history(vec![
+            ok(10, 1, Some(33)),
+            ok(20, 2, Some(34)),
+            write(30, 2, Some(34), true, 0),
+            write(40, 1, Some(33), true, 0),
+        ])
+    }
+
+    pub(crate) fn unfenced_superseded_writer() -> History {
+        history(vec![
+            ok(10, 1, None),
+            ok(20, 2, None),
+            write(30, 2, None, true, 0),
+            write(40, 1, None, true, 0),
+        ])
+    }
+
+    pub(crate) fn write_missing_the_previous_one() -> History {
+        history(vec![
+            ok(10, 1, Some(5)),
+            write(20, 1, Some(5), true, 0),
+            release(25, 1),
+            ok(30, 2, Some(6)),
+            write(40, 2, Some(6), true, 0),
+        ])
+    }
+
+    pub(crate) fn tokens_backwards_in_real_time() -> History {
+        history(vec![
+            invoke(0, 1),
+            ok(10, 1, Some(40)),
+            release(15, 1),
+            invoke(20, 2),
+            ok(30, 2, Some(39)),
+        ])
+    }
+
+    /// Concurrent acquires may complete in either order: not a violation.
+    pub(crate) fn concurrent_acquires_out_of_order() -> History {
+        history(vec![
+            invoke(0, 1),
+            invoke(1, 2),
+            ok(10, 2, Some(8)),
+            release(11, 2),
+            ok(12, 1, Some(7)),
+        ])
+    }
+
+    pub(crate) fn token_issued_twice() -> History {
+        history(vec![ok(10, 1, Some(7)), release(11, 1), ok(20, 2, Some(7))])
+    }
+
+    /// Every history above, for properties that must hold on all of them.
+    pub(crate) fn all() -> Vec<History> {
+        vec![
+            clean_fenced(),
+            essays_pause_fenced(),
+            fenced_store_accepting_33_after_34(),
+            unfenced_superseded_writer(),
+            write_missing_the_previous_one(),
+            tokens_backwards_in_real_time(),
+            concurrent_acquires_out_of_order(),
+            token_issued_twice(),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn a_clean_fenced_history_has_no_violation() {
+        let r = check(&clean_fenced());
         assert_eq!(
             r,
             Report {
@@ -247,17 +390,7 @@ mod tests {
 
     #[test]
     fn the_essays_pause_is_an_overlap_and_a_rejected_stale_write_when_fenced() {
-        // Client 1 pauses holding token 33; client 2 gets 34 and writes; client 1
-        // wakes and writes with 33, which the fenced resource refuses.
-        let r = check(&history(vec![
-            invoke(0, 1),
-            ok(10, 1, Some(33)),
-            invoke(20, 2),
-            ok(1_000, 2, Some(34)),
-            write(1_010, 2, Some(34), true, 0),
-            write(2_000, 1, Some(33), false, 0),
-            lost(2_001, 1),
-        ]));
+        let r = check(&essays_pause_fenced());
         assert_eq!(r.overlaps, 1);
         assert_eq!(r.stale_writes_rejected, 1);
         assert_eq!(r.stale_writes_accepted, 0);
@@ -267,24 +400,14 @@ mod tests {
 
     #[test]
     fn a_fenced_store_accepting_33_after_34_is_a_stale_write() {
-        let r = check(&history(vec![
-            ok(10, 1, Some(33)),
-            ok(20, 2, Some(34)),
-            write(30, 2, Some(34), true, 0),
-            write(40, 1, Some(33), true, 0),
-        ]));
+        let r = check(&fenced_store_accepting_33_after_34());
         assert_eq!(r.stale_writes_accepted, 1);
         assert_eq!(r.lost_updates, 1, "33's write read 0 after 34 wrote 1");
     }
 
     #[test]
     fn an_unfenced_write_by_a_superseded_holder_is_stale() {
-        let r = check(&history(vec![
-            ok(10, 1, None),
-            ok(20, 2, None),
-            write(30, 2, None, true, 0),
-            write(40, 1, None, true, 0),
-        ]));
+        let r = check(&unfenced_superseded_writer());
         assert_eq!(r.stale_writes_accepted, 1);
         assert_eq!(r.lost_updates, 1);
         assert_eq!(r.overlaps, 1);
@@ -293,13 +416,7 @@ mod tests {
 
     #[test]
     fn a_write_that_missed_the_previous_one_is_a_lost_update() {
-        let r = check(&history(vec![
-            ok(10, 1, Some(5)),
-            write(20, 1, Some(5), true, 0),
-            release(25, 1),
-            ok(30, 2, Some(6)),
-            write(40, 2, Some(6), true, 0),
-        ]));
+        let r = check(&write_missing_the_previous_one());
         assert_eq!(r.lost_updates, 1);
         assert_eq!(r.stale_writes_accepted, 0);
         assert_eq!(r.overlaps, 0);
@@ -307,34 +424,55 @@ mod tests {
 
     #[test]
     fn tokens_that_go_backwards_in_real_time_are_not_linearizable() {
-        let r = check(&history(vec![
-            invoke(0, 1),
-            ok(10, 1, Some(40)),
-            release(15, 1),
-            invoke(20, 2),
-            ok(30, 2, Some(39)),
-        ]));
+        let r = check(&tokens_backwards_in_real_time());
         assert_eq!(r.non_monotonic_tokens, 1);
         assert_eq!(r.linearizable, Some(false));
-        // Concurrent acquires may complete in either order: not a violation.
-        let r = check(&history(vec![
-            invoke(0, 1),
-            invoke(1, 2),
-            ok(10, 2, Some(8)),
-            release(11, 2),
-            ok(12, 1, Some(7)),
-        ]));
+        let r = check(&concurrent_acquires_out_of_order());
         assert_eq!(r.non_monotonic_tokens, 0);
     }
 
     #[test]
     fn a_token_issued_twice_is_not_linearizable() {
-        let r = check(&history(vec![
-            ok(10, 1, Some(7)),
-            release(11, 1),
-            ok(20, 2, Some(7)),
-        ]));
+        let r = check(&token_issued_twice());
         assert_eq!(r.linearizable, Some(false));
+    }
+
+    #[test]
+    fn violations_count_what_check_reports_on_every_history() {
+        for h in all() {
+            let v = violations(&h);
+            let r = check(&h);
+            // Lengths taken field by field, not through `Violations::report`, so a
+            // mismatch between the listing and the counting would show.
+            assert_eq!(v.overlapping_grants.len(), r.overlaps, "{h:?}");
+            assert_eq!(v.stale_accepted.len(), r.stale_writes_accepted, "{h:?}");
+            assert_eq!(v.stale_rejected.len(), r.stale_writes_rejected, "{h:?}");
+            assert_eq!(v.lost_updates.len(), r.lost_updates, "{h:?}");
+            assert_eq!(v.non_monotonic.len(), r.non_monotonic_tokens, "{h:?}");
+            assert_eq!(v.linearizable, r.linearizable, "{h:?}");
+        }
+    }
+
+    #[test]
+    fn violations_name_the_events_involved() {
+        let v = violations(&essays_pause_fenced());
+        assert_eq!(v.overlapping_grants, vec![(1, 3)]);
+        assert_eq!(v.stale_rejected, vec![5]);
+        assert!(v.stale_accepted.is_empty() && v.lost_updates.is_empty());
+
+        let v = violations(&fenced_store_accepting_33_after_34());
+        assert_eq!(v.stale_accepted, vec![3]);
+        assert_eq!(v.lost_updates, vec![3]);
+        assert_eq!(v.overlapping_grants, vec![(0, 1)]);
+
+        assert_eq!(
+            violations(&tokens_backwards_in_real_time()).non_monotonic,
+            vec![(1, 4)]
+        );
+        assert_eq!(
+            violations(&token_issued_twice()).non_monotonic,
+            vec![(0, 2)]
+        );
     }
 
     #[test]

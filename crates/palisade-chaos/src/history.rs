@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 pub struct History {
     /// The scenario's name.
     pub scenario: String,
+    /// The scenario's variant (e.g. `jump` / `no-jump`), empty when it has none.
+    #[serde(default)]
+    pub variant: String,
     /// The backend under test (`redis`, `redlock`, `palisade`).
     pub backend: String,
     /// Whether the resource checked tokens.
@@ -22,7 +25,8 @@ pub struct History {
 pub struct Event {
     /// Microseconds since the run started.
     pub at_us: u64,
-    /// Which client process.
+    /// Which client process (1, 2, …); 0 for the harness itself (faults) and
+    /// for the resource's own records.
     pub client: u32,
     /// What happened.
     pub kind: EventKind,
@@ -72,7 +76,13 @@ pub enum EventKind {
         /// The lock.
         lock: String,
     },
-    /// The resource answered a write made under `lock`.
+    /// The harness injected a fault (pause, partition, kill, clock jump, heal…).
+    Fault {
+        /// What was done, in words (`pause client 1`, `kill redis 3`).
+        what: String,
+    },
+    /// The resource decided on a write made under `lock` (stamped when it decided,
+    /// so writes appear in the resource's own order).
     Write {
         /// The lock the writer believed it held.
         lock: String,

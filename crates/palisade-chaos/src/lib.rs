@@ -20,8 +20,17 @@
 //! The harness that runs the drills (real servers, fault proxies, paused client
 //! processes) builds on `palisade-testkit` and `palisade-faultproxy`.
 
+//!
+//! [`violations`] names the events behind each count, [`Summary`] adds up the
+//! trials of one configuration into a results row (JSON line, text or Markdown
+//! table), and [`timeline_svg`] draws one history as a picture.
+
 mod checker;
 mod history;
+mod summary;
+mod timeline;
 
-pub use checker::{Report, check};
+pub use checker::{Report, Violations, check, violations};
 pub use history::{Event, EventKind, History};
+pub use summary::Summary;
+pub use timeline::timeline_svg;
