@@ -4,7 +4,6 @@
 /// Something went wrong that is not one of the cases below (a message says what).
 pub const FAILURE: i32 = 1;
 /// The command line was malformed (clap's own status).
-#[allow(dead_code)]
 pub const USAGE: i32 = 2;
 /// `lock`: the lock was not obtained (no quorum, validity too short, wait expired).
 pub const NOT_OBTAINED: i32 = 75;

@@ -4,6 +4,7 @@
 //! measures. Exit statuses are in [`exit`] and the README.
 
 mod bench;
+mod chaos;
 mod child;
 mod demo;
 mod exit;
@@ -58,6 +59,12 @@ enum Command {
     /// Benchmarks that start their own servers.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Fault drills on real processes: pauses, partitions, delays, crashes and
+    /// clock jumps against Redis, Redlock and Palisade, with and without fencing.
+    Chaos(chaos::ChaosArgs),
+    /// One client process of `palisade chaos`.
+    #[command(hide = true)]
+    ChaosWorker(chaos::worker::WorkerArgs),
 }
 
 fn main() {
@@ -82,6 +89,8 @@ fn main() {
             Command::Demo(c) => demo::run(c).await,
             Command::Redis(c) => redis_cmd::run(c).await,
             Command::Bench(c) => bench::run(c).await,
+            Command::Chaos(a) => chaos::run(a).await,
+            Command::ChaosWorker(a) => chaos::worker::run(a).await,
         }
     });
     let code = code.unwrap_or_else(|e| {

@@ -1,0 +1,598 @@
+//! The drill's world: real servers, a fault proxy on every client-server link,
+//! client processes, and the history they produce.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use palisade_chaos::{Event, EventKind, History};
+use palisade_client::{Admin, ClientConfig};
+use palisade_faultproxy::{FaultProxy, Link};
+use palisade_fence::journal::{Journal, monotonic_us};
+use palisade_testkit::{PalisadeNode, RedisServer, free_port};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin};
+use tokio::sync::mpsc;
+
+use super::worker::{Backend, Between, Command, CounterWrite, Report};
+
+/// How many Redis servers a drill runs (Redlock's five).
+pub const REDIS_NODES: usize = 5;
+/// How many Palisade nodes a drill runs.
+pub const PALISADE_NODES: u64 = 3;
+/// The longest any single worker command may take before the drill gives up.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A fenced object store process with its journal.
+struct Store {
+    addr: SocketAddr,
+    journal: PathBuf,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+/// Every server of the drills, started on first use and kept across trials.
+pub struct Env {
+    exe: PathBuf,
+    redis: Vec<RedisServer>,
+    nodes: Vec<PalisadeNode>,
+    stores: HashMap<bool, Store>,
+}
+
+impl Env {
+    /// No servers yet; `exe` is this binary (servers and workers are its subcommands).
+    pub fn new() -> Result<Self> {
+        Ok(Env {
+            exe: std::env::current_exe()?,
+            redis: Vec::new(),
+            nodes: Vec::new(),
+            stores: HashMap::new(),
+        })
+    }
+
+    /// Starts what `backend` and `fenced` need and is not running yet; restarts
+    /// servers an earlier trial left down.
+    pub async fn ensure(&mut self, backend: Backend, fenced: bool) -> Result<()> {
+        match backend {
+            Backend::Redis | Backend::Redlock => {
+                if self.redis.is_empty() {
+                    for _ in 0..REDIS_NODES {
+                        self.redis.push(
+                            RedisServer::start_with_clock_shift()
+                                .context("starting redis-server (apt-get install redis-server)")?,
+                        );
+                    }
+                }
+                for r in &mut self.redis {
+                    if r.pid().is_none() {
+                        r.restart()?;
+                    }
+                    if let Some(clock) = r.clock() {
+                        clock.set_ms(0)?;
+                    }
+                }
+            }
+            Backend::Palisade => {
+                if self.nodes.is_empty() {
+                    self.nodes = PalisadeNode::cluster(&self.exe, PALISADE_NODES, &[])?;
+                }
+                for n in &mut self.nodes {
+                    if n.pid().is_none() {
+                        n.start()?;
+                    } else if let Some(pid) = n.pid() {
+                        // A node a trial paused must not stay paused.
+                        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+                    }
+                }
+                self.wait_for_leader().await?;
+            }
+        }
+        if !self.stores.contains_key(&fenced) {
+            let store = self.start_store(fenced).await?;
+            self.stores.insert(fenced, store);
+        }
+        Ok(())
+    }
+
+    async fn start_store(&self, fenced: bool) -> Result<Store> {
+        let dir = tempfile::tempdir()?;
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let journal = dir.path().join("journal.jsonl");
+        let child = tokio::process::Command::new(&self.exe)
+            .args(["fence-store", "--listen", &addr.to_string()])
+            .args(["--fencing", if fenced { "on" } else { "off" }])
+            .arg("--data-dir")
+            .arg(dir.path().join("objects"))
+            .arg("--journal")
+            .arg(&journal)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let started = std::time::Instant::now();
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("the fenced store did not start");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Store {
+            addr,
+            journal,
+            child,
+            _dir: dir,
+        })
+    }
+
+    /// Waits until the Palisade cluster has a leader that answers.
+    pub async fn wait_for_leader(&self) -> Result<u64> {
+        let admin = Admin::new(&ClientConfig::new(self.nodes.iter().map(|n| n.addr())))?;
+        let started = std::time::Instant::now();
+        loop {
+            if let Ok(status) = admin.status().await
+                && status.leader != 0
+            {
+                return Ok(status.leader);
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("the Palisade cluster has no leader after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The Redis servers (index 0 is "redis 1").
+    pub fn redis(&mut self) -> &mut [RedisServer] {
+        &mut self.redis
+    }
+
+    /// The Palisade nodes (index 0 is node 1).
+    pub fn nodes(&mut self) -> &mut [PalisadeNode] {
+        &mut self.nodes
+    }
+
+    /// Stops everything.
+    pub async fn shutdown(&mut self) {
+        for (_, mut s) in self.stores.drain() {
+            let _ = s.child.kill().await;
+        }
+        self.nodes.clear();
+        self.redis.clear();
+    }
+}
+
+/// One run of one scenario: its workers, its history, its faults.
+pub struct Trial {
+    /// The scenario.
+    pub scenario: &'static str,
+    /// The variant ("" when none).
+    pub variant: &'static str,
+    /// The backend.
+    pub backend: Backend,
+    /// Whether the store checks tokens.
+    pub fenced: bool,
+    /// The seed.
+    pub seed: u64,
+    /// The lock this trial contends for (unique per trial).
+    pub lock: String,
+    /// The counter's key in the store (unique per trial).
+    pub key: String,
+    /// The lease (Redis TTL, Palisade session TTL).
+    pub ttl: Duration,
+    start_us: u64,
+    events: Arc<Mutex<Vec<Event>>>,
+    notes: Vec<String>,
+    exe: PathBuf,
+    store: SocketAddr,
+    journal: PathBuf,
+    redis_urls: Vec<SocketAddr>,
+    node_addrs: Vec<String>,
+}
+
+/// Options of one worker process.
+#[derive(Default, Clone)]
+pub struct WorkerOptions {
+    /// Redlock's per-node timeout.
+    pub node_timeout: Option<Duration>,
+    /// Redlock's delayed-restart rule.
+    pub min_uptime: Option<Duration>,
+}
+
+impl Trial {
+    /// A trial over the servers of `env` (which must be `ensure`d).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        env: &mut Env,
+        scenario: &'static str,
+        variant: &'static str,
+        backend: Backend,
+        fenced: bool,
+        seed: u64,
+        number: usize,
+        ttl: Duration,
+    ) -> Result<Trial> {
+        let store = env
+            .stores
+            .get(&fenced)
+            .ok_or_else(|| anyhow!("no store for fencing {fenced}"))?;
+        let tag = format!(
+            "{scenario}{}{variant}-{}-{}-{number}-{seed}",
+            if variant.is_empty() { "" } else { "-" },
+            backend.name(),
+            if fenced { "fenced" } else { "unfenced" }
+        );
+        Ok(Trial {
+            scenario,
+            variant,
+            backend,
+            fenced,
+            seed,
+            lock: format!("drill-{tag}"),
+            key: format!("drill/{tag}/counter"),
+            ttl,
+            start_us: monotonic_us(),
+            events: Arc::new(Mutex::new(Vec::new())),
+            notes: Vec::new(),
+            exe: env.exe.clone(),
+            store: store.addr,
+            journal: store.journal.clone(),
+            redis_urls: env
+                .redis
+                .iter()
+                .map(|r| palisade_testkit::loopback(r.port()))
+                .collect(),
+            node_addrs: env.nodes.iter().map(PalisadeNode::addr).collect(),
+        })
+    }
+
+    /// Records a fault the harness injected (drawn on the timeline).
+    pub fn fault(&self, what: impl Into<String>) {
+        self.push(0, monotonic_us(), EventKind::Fault { what: what.into() });
+    }
+
+    /// Adds a sentence to the report about this trial.
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
+    fn push(&self, client: u32, at_us: u64, kind: EventKind) {
+        let event = Event {
+            at_us: at_us.saturating_sub(self.start_us),
+            client,
+            kind,
+        };
+        self.events.lock().expect("poisoned").push(event);
+    }
+
+    /// Starts client `n` with its own proxy on every link.
+    pub async fn worker(&self, n: u32, options: WorkerOptions) -> Result<Worker> {
+        let mut proxies = Vec::new();
+        let mut servers = Vec::new();
+        let mut address_map = Vec::new();
+        match self.backend {
+            Backend::Redis | Backend::Redlock => {
+                let count = if self.backend == Backend::Redis {
+                    1
+                } else {
+                    REDIS_NODES
+                };
+                for addr in &self.redis_urls[..count] {
+                    let p = FaultProxy::start(*addr).await?;
+                    servers.push(format!("redis://{}", p.addr()));
+                    proxies.push(p);
+                }
+            }
+            Backend::Palisade => {
+                for addr in &self.node_addrs {
+                    let p = FaultProxy::start(addr.parse()?).await?;
+                    servers.push(p.addr().to_string());
+                    address_map.push(format!("{addr}={}", p.addr()));
+                    proxies.push(p);
+                }
+            }
+        }
+        let store_proxy = FaultProxy::start(self.store).await?;
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        cmd.arg("chaos-worker")
+            .args(["--client", &n.to_string()])
+            .args(["--backend", self.backend.name()])
+            .args(["--servers", &servers.join(",")])
+            .args(["--store", &store_proxy.addr().to_string()])
+            .args(["--ttl-ms", &self.ttl.as_millis().to_string()]);
+        if !address_map.is_empty() {
+            cmd.args(["--address-map", &address_map.join(",")]);
+        }
+        if self.fenced {
+            cmd.arg("--fenced");
+        }
+        if let Some(t) = options.node_timeout {
+            cmd.args(["--node-timeout-ms", &t.as_millis().to_string()]);
+        }
+        if let Some(t) = options.min_uptime {
+            cmd.args(["--min-uptime-ms", &t.as_millis().to_string()]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child.stdin.take().context("worker stdin")?;
+        let stdout = child.stdout.take().context("worker stdout")?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let events = self.events.clone();
+        let start_us = self.start_us;
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                match serde_json::from_str::<Report>(&line) {
+                    Ok(Report::Event { at_us, mut kind }) => {
+                        if let EventKind::AcquireOk { valid_until_us, .. } = &mut kind {
+                            *valid_until_us = valid_until_us.map(|v| v.saturating_sub(start_us));
+                        }
+                        events.lock().expect("poisoned").push(Event {
+                            at_us: at_us.saturating_sub(start_us),
+                            client: n,
+                            kind,
+                        });
+                    }
+                    Ok(other) => {
+                        let _ = tx.send(other);
+                    }
+                    Err(_) => tracing::warn!(client = n, %line, "unreadable worker line"),
+                }
+            }
+        });
+        Ok(Worker {
+            n,
+            pid: Pid::from_raw(child.id().context("worker pid")? as i32),
+            child,
+            stdin,
+            replies: rx,
+            proxies,
+            store_proxy,
+        })
+    }
+
+    /// The history so far, with the store's journal for this trial's key merged
+    /// in as `Write` events, sorted by time.
+    pub fn history(&self) -> Result<History> {
+        let mut events = self.events.lock().expect("poisoned").clone();
+        for entry in Journal::read_all(&self.journal)? {
+            if entry.key != self.key || entry.op != "put" {
+                continue;
+            }
+            let Some(body) = entry.body.as_deref() else {
+                continue;
+            };
+            let Ok(write) = serde_json::from_str::<CounterWrite>(body) else {
+                continue;
+            };
+            events.push(Event {
+                at_us: entry.at_us.saturating_sub(self.start_us),
+                client: write.client,
+                kind: EventKind::Write {
+                    lock: write.lock,
+                    resource: entry.key.clone(),
+                    token: (self.fenced && self.backend.has_tokens()).then_some(entry.token),
+                    accepted: entry.accepted,
+                    read: write.read,
+                    wrote: write.wrote,
+                },
+            });
+        }
+        events.sort_by_key(|e| e.at_us);
+        Ok(History {
+            scenario: self.scenario.into(),
+            variant: self.variant.into(),
+            backend: self.backend.name().into(),
+            fencing: self.fenced,
+            seed: self.seed,
+            events,
+        })
+    }
+
+    /// The notes added with [`Trial::note`].
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The Redis server addresses (direct, not proxied), for the harness's probes.
+    pub fn redis_addr(&self, i: usize) -> SocketAddr {
+        self.redis_urls[i]
+    }
+}
+
+/// A client process of a trial.
+pub struct Worker {
+    /// Its number.
+    pub n: u32,
+    pid: Pid,
+    child: Child,
+    stdin: ChildStdin,
+    replies: mpsc::UnboundedReceiver<Report>,
+    proxies: Vec<FaultProxy>,
+    store_proxy: FaultProxy,
+}
+
+/// A finished command: whether it did what was asked, and what it said.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Success.
+    pub ok: bool,
+    /// In words.
+    pub detail: String,
+}
+
+impl Worker {
+    async fn send(&mut self, command: &Command) -> Result<()> {
+        let mut line = serde_json::to_vec(command)?;
+        line.push(b'\n');
+        self.stdin
+            .write_all(&line)
+            .await
+            .with_context(|| format!("client {} is gone", self.n))
+    }
+
+    async fn next_reply(&mut self) -> Result<Report> {
+        tokio::time::timeout(COMMAND_TIMEOUT, self.replies.recv())
+            .await
+            .map_err(|_| anyhow!("client {} did not answer within 60 s", self.n))?
+            .ok_or_else(|| anyhow!("client {} exited", self.n))
+    }
+
+    /// Waits for the current command to finish.
+    pub async fn outcome(&mut self) -> Result<Outcome> {
+        loop {
+            if let Report::Done { ok, detail } = self.next_reply().await? {
+                return Ok(Outcome { ok, detail });
+            }
+        }
+    }
+
+    /// Sends an acquire without waiting for it to finish (see [`Worker::outcome`]).
+    pub async fn start_acquire(&mut self, lock: &str, wait: Duration) -> Result<()> {
+        self.send(&Command::Acquire {
+            lock: lock.into(),
+            wait_ms: wait.as_millis() as u64,
+        })
+        .await
+    }
+
+    /// Acquires; `true` when granted.
+    pub async fn acquire(&mut self, lock: &str, wait: Duration) -> Result<bool> {
+        Ok(self.try_acquire(lock, wait).await?.ok)
+    }
+
+    /// Acquires, with the worker's account of a failure.
+    pub async fn try_acquire(&mut self, lock: &str, wait: Duration) -> Result<Outcome> {
+        self.start_acquire(lock, wait).await?;
+        self.outcome().await
+    }
+
+    /// Increments the counter under the held lock.
+    pub async fn increment(&mut self, key: &str) -> Result<Outcome> {
+        self.start_increment(key, Between::Nothing).await?;
+        self.outcome().await
+    }
+
+    /// Starts an increment; with [`Between::Stop`] or [`Between::Hold`] returns
+    /// once the worker has read the counter and stopped (or is waiting for
+    /// [`Worker::go`]). `Ok(None)` then; `Ok(Some(outcome))` when it finished
+    /// without getting there (no lease left).
+    pub async fn start_increment(
+        &mut self,
+        key: &str,
+        between: Between,
+    ) -> Result<Option<Outcome>> {
+        self.send(&Command::Increment {
+            key: key.into(),
+            between,
+        })
+        .await?;
+        if between == Between::Nothing {
+            return Ok(None);
+        }
+        loop {
+            match self.next_reply().await? {
+                Report::Done { ok, detail } => return Ok(Some(Outcome { ok, detail })),
+                Report::Pausing => {
+                    self.wait_stopped().await?;
+                    return Ok(None);
+                }
+                Report::Ready => return Ok(None),
+                Report::Event { .. } => {}
+            }
+        }
+    }
+
+    /// Lets a held increment ([`Between::Hold`]) send its write.
+    pub async fn go(&mut self) -> Result<()> {
+        self.stdin
+            .write_all(b"go\n")
+            .await
+            .with_context(|| format!("client {} is gone", self.n))
+    }
+
+    /// Releases the held lock.
+    pub async fn release(&mut self) -> Result<Outcome> {
+        self.send(&Command::Release).await?;
+        self.outcome().await
+    }
+
+    /// Stops the process (SIGSTOP) and waits until the kernel reports it stopped.
+    pub async fn pause(&mut self) -> Result<()> {
+        kill(self.pid, Signal::SIGSTOP)?;
+        self.wait_stopped().await
+    }
+
+    /// Continues the process (SIGCONT).
+    pub fn resume(&self) -> Result<()> {
+        kill(self.pid, Signal::SIGCONT)?;
+        Ok(())
+    }
+
+    async fn wait_stopped(&self) -> Result<()> {
+        let stat = format!("/proc/{}/stat", self.pid);
+        for _ in 0..6000 {
+            if process_state(Path::new(&stat)) == Some('T') {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        bail!("client {} did not stop", self.n)
+    }
+
+    /// The process id (for pausing it from elsewhere).
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The links from this client to the lock servers (Redis 1‥5 or Palisade
+    /// node 1‥3, in order).
+    pub fn lock_links(&self) -> Vec<Arc<Link>> {
+        self.proxies.iter().map(|p| p.link().clone()).collect()
+    }
+
+    /// The link from this client to the store.
+    pub fn store_link(&self) -> Arc<Link> {
+        self.store_proxy.link().clone()
+    }
+
+    /// Heals every link of this client.
+    pub fn heal_all(&self) {
+        for l in self.lock_links() {
+            l.heal();
+        }
+        self.store_link().heal();
+    }
+
+    /// Ends the process: continues it if stopped, asks it to exit, kills it if it
+    /// does not.
+    pub async fn finish(mut self) {
+        let _ = kill(self.pid, Signal::SIGCONT);
+        self.heal_all();
+        let _ = self.send(&Command::Exit).await;
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `T` for stopped, …).
+fn process_state(stat: &Path) -> Option<char> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    // The command name is in parentheses and may contain spaces; the state follows.
+    let after = &text[text.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}

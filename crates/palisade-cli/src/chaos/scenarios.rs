@@ -1,0 +1,562 @@
+//! The drills: each failure the essay and the Redlock page describe, staged on
+//! real processes. Every scenario only injects faults and drives clients; what
+//! went wrong is decided afterwards by `palisade_chaos::check` on the history.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::Rng;
+use rand::rngs::StdRng;
+
+use super::env::{Env, Trial, Worker, WorkerOptions};
+use super::worker::{Backend, Between};
+
+/// A drill by name.
+pub struct Scenario {
+    /// Its name on the command line.
+    pub name: &'static str,
+    /// Its variants (`[""]` when it has none).
+    pub variants: &'static [&'static str],
+    /// The backends it applies to.
+    pub backends: &'static [Backend],
+    /// What it stages, in one line.
+    pub about: &'static str,
+}
+
+const ALL: &[Backend] = &[Backend::Redis, Backend::Redlock, Backend::Palisade];
+
+/// Every scenario, in report order.
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "holder-pause",
+        variants: &[""],
+        backends: ALL,
+        about: "the holder stops (SIGSTOP) after its lease check, past its lease; another client acquires and writes; the first resumes and writes",
+    },
+    Scenario {
+        name: "delayed-write",
+        variants: &[""],
+        backends: ALL,
+        about: "the holder's write is held by the network past its lease; another client acquires and writes; then the held write arrives",
+    },
+    Scenario {
+        name: "redlock-clock-jump",
+        variants: &["jump", "no-jump"],
+        backends: &[Backend::Redlock],
+        about: "client 1 gets redis 1-3 (4, 5 cut off); redis 3's clock jumps past the TTL; client 2 (cut off from 1, 2) asks redis 3-5",
+    },
+    Scenario {
+        name: "redlock-pause-during-acquire",
+        variants: &[""],
+        backends: &[Backend::Redlock],
+        about: "client 1 stops after its SETs reached the nodes and before it reads the replies, past the TTL",
+    },
+    Scenario {
+        name: "redis-crash-restart",
+        variants: &["no-uptime-rule", "uptime-rule"],
+        backends: &[Backend::Redis, Backend::Redlock],
+        about: "a node that granted client 1 is killed and restarted without persistence; client 2 asks it (with or without the delayed-restart rule)",
+    },
+    Scenario {
+        name: "leader-failure",
+        variants: &["kill", "pause"],
+        backends: &[Backend::Palisade],
+        about: "the Palisade leader is killed (kill -9) or paused (SIGSTOP: to its peers, a partition) while client 1 holds the lock and two clients wait",
+    },
+    Scenario {
+        name: "mixed",
+        variants: &[""],
+        backends: ALL,
+        about: "three clients increment a lock-protected counter while random pauses, partitions, delays, kills and clock jumps hit them",
+    },
+];
+
+/// Looks a scenario up by name.
+pub fn find(name: &str) -> Option<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name == name)
+}
+
+/// The lease each scenario uses: long enough for the harness to stage the fault
+/// while it runs, short enough to keep trials quick.
+pub fn ttl(scenario: &str) -> Duration {
+    match scenario {
+        "redlock-clock-jump" | "redis-crash-restart" => Duration::from_secs(3),
+        "redlock-pause-during-acquire" | "leader-failure" => Duration::from_secs(2),
+        _ => Duration::from_secs(1),
+    }
+}
+
+/// Settings that only some scenarios need.
+pub struct Knobs {
+    /// How long one `mixed` trial injects faults.
+    pub mixed_duration: Duration,
+}
+
+/// Runs one trial of `t.scenario`.
+pub async fn run(env: &mut Env, t: &mut Trial, rng: &mut StdRng, knobs: &Knobs) -> Result<()> {
+    match t.scenario {
+        "holder-pause" => holder_pause(t).await,
+        "delayed-write" => delayed_write(t).await,
+        "redlock-clock-jump" => clock_jump(env, t).await,
+        "redlock-pause-during-acquire" => pause_during_acquire(t).await,
+        "redis-crash-restart" => crash_restart(env, t).await,
+        "leader-failure" => leader_failure(env, t).await,
+        "mixed" => mixed(env, t, rng, knobs.mixed_duration).await,
+        other => bail!("unknown scenario {other}"),
+    }
+}
+
+const LONG_WAIT: Duration = Duration::from_secs(20);
+
+async fn finish_all(workers: impl IntoIterator<Item = Worker>) {
+    for w in workers {
+        w.finish().await;
+    }
+}
+
+async fn holder_pause(t: &mut Trial) -> Result<()> {
+    let mut w1 = t.worker(1, WorkerOptions::default()).await?;
+    let mut w2 = t.worker(2, WorkerOptions::default()).await?;
+    if !w1.acquire(&t.lock, Duration::from_secs(5)).await? {
+        t.note("client 1 could not acquire the lock");
+        finish_all([w1, w2]).await;
+        return Ok(());
+    }
+    if let Some(o) = w1.start_increment(&t.key, Between::Stop).await? {
+        t.note(format!("client 1 did not reach its pause: {}", o.detail));
+    } else {
+        t.fault("client 1 paused (SIGSTOP) between its lease check and its write");
+        let o2 = w2.try_acquire(&t.lock, LONG_WAIT).await?;
+        if o2.ok {
+            w2.increment(&t.key).await?;
+        } else {
+            t.note(format!("client 2 was not granted the lock: {}", o2.detail));
+        }
+        w1.resume()?;
+        t.fault("client 1 resumed");
+        let o = w1.outcome().await?;
+        t.note(format!("client 1's write after the pause: {}", o.detail));
+    }
+    w2.release().await?;
+    finish_all([w1, w2]).await;
+    Ok(())
+}
+
+async fn delayed_write(t: &mut Trial) -> Result<()> {
+    let mut w1 = t.worker(1, WorkerOptions::default()).await?;
+    let mut w2 = t.worker(2, WorkerOptions::default()).await?;
+    if !w1.acquire(&t.lock, Duration::from_secs(5)).await? {
+        t.note("client 1 could not acquire the lock");
+        finish_all([w1, w2]).await;
+        return Ok(());
+    }
+    if let Some(o) = w1.start_increment(&t.key, Between::Hold).await? {
+        t.note(format!("client 1 did not reach its write: {}", o.detail));
+    } else {
+        for link in w1.lock_links() {
+            link.partition();
+        }
+        w1.store_link().partition();
+        t.fault("client 1's network holds every packet; its write is sent into it");
+        w1.go().await?;
+        let o2 = w2.try_acquire(&t.lock, LONG_WAIT).await?;
+        if o2.ok {
+            w2.increment(&t.key).await?;
+        } else {
+            t.note(format!("client 2 was not granted the lock: {}", o2.detail));
+        }
+        w1.heal_all();
+        t.fault("client 1's network heals: the held write is delivered");
+        let o = w1.outcome().await?;
+        t.note(format!("client 1's delayed write: {}", o.detail));
+    }
+    w2.release().await?;
+    finish_all([w1, w2]).await;
+    Ok(())
+}
+
+/// Whether the Redis server at `addr` holds `key` (asked directly, not through
+/// any client's proxy).
+async fn redis_has(addr: std::net::SocketAddr, key: &str) -> Result<bool> {
+    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await?;
+    Ok(n > 0)
+}
+
+async fn clock_jump(env: &mut Env, t: &mut Trial) -> Result<()> {
+    let fast = WorkerOptions {
+        node_timeout: Some(Duration::from_millis(50)),
+        ..WorkerOptions::default()
+    };
+    let mut w1 = t.worker(1, fast.clone()).await?;
+    let mut w2 = t.worker(2, fast).await?;
+    let l1 = w1.lock_links();
+    l1[3].partition();
+    l1[4].partition();
+    t.fault("client 1 cut off from redis 4 and 5");
+    let ok1 = w1.acquire(&t.lock, Duration::from_secs(2)).await?;
+    if !ok1 {
+        t.note("client 1 could not acquire redis 1-3");
+    }
+    if ok1 && t.variant == "jump" {
+        let jump = t.ttl + Duration::from_secs(1);
+        if let Some(clock) = env.redis()[2].clock() {
+            clock.jump_ahead(jump)?;
+        }
+        t.fault(format!(
+            "redis 3's wall clock jumps {} s ahead",
+            jump.as_secs()
+        ));
+        // The preload re-reads its offset every few ms; wait until redis 3 has
+        // actually expired the key (its lazy expiry runs on this very probe).
+        let probe = Instant::now();
+        while redis_has(t.redis_addr(2), &t.lock).await? {
+            if probe.elapsed() > Duration::from_secs(2) {
+                t.note("redis 3 still had the key 2 s after the jump");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let l2 = w2.lock_links();
+    l2[0].partition();
+    l2[1].partition();
+    t.fault("client 2 cut off from redis 1 and 2");
+    let ok2 = w2.acquire(&t.lock, Duration::from_millis(500)).await?;
+    if ok1 {
+        w1.increment(&t.key).await?;
+    }
+    if ok2 {
+        w2.increment(&t.key).await?;
+    }
+    if let Some(clock) = env.redis()[2].clock() {
+        clock.set_ms(0)?;
+    }
+    finish_all([w1, w2]).await;
+    Ok(())
+}
+
+async fn pause_during_acquire(t: &mut Trial) -> Result<()> {
+    let options = WorkerOptions {
+        node_timeout: Some(Duration::from_millis(800)),
+        ..WorkerOptions::default()
+    };
+    let mut w1 = t.worker(1, options.clone()).await?;
+    let mut w2 = t.worker(2, options).await?;
+    let delay = Duration::from_millis(200);
+    for link in w1.lock_links() {
+        link.set_delay(delay);
+    }
+    t.fault("client 1's links to redis 1-5 delay every packet by 200 ms");
+    // One attempt (no waiting), so a retry cannot hide what the first one saw.
+    w1.start_acquire(&t.lock, Duration::ZERO).await?;
+    let watch = Instant::now();
+    let landed = loop {
+        let mut holding = 0;
+        for i in 0..super::env::REDIS_NODES {
+            if redis_has(t.redis_addr(i), &t.lock).await? {
+                holding += 1;
+            }
+        }
+        if holding >= 3 {
+            break true;
+        }
+        if watch.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    if landed {
+        w1.pause().await?;
+        t.fault("client 1 paused (SIGSTOP): its SETs reached a majority, the replies are still in flight");
+        tokio::time::sleep(t.ttl + Duration::from_millis(500)).await;
+        for link in w1.lock_links() {
+            link.heal();
+        }
+        w1.resume()?;
+        t.fault("client 1 resumed and reads the replies");
+    } else {
+        t.note("client 1's SETs never reached a majority");
+    }
+    let o1 = w1.outcome().await?;
+    t.note(format!(
+        "client 1's acquire (paused {} TTL): {}",
+        if landed {
+            "past the"
+        } else {
+            "not at all within the"
+        },
+        o1.detail
+    ));
+    let ok2 = w2.acquire(&t.lock, Duration::from_secs(5)).await?;
+    if o1.ok {
+        w1.increment(&t.key).await?;
+    }
+    if ok2 {
+        w2.increment(&t.key).await?;
+        w2.release().await?;
+    }
+    finish_all([w1, w2]).await;
+    Ok(())
+}
+
+async fn crash_restart(env: &mut Env, t: &mut Trial) -> Result<()> {
+    let uptime_rule = t.variant == "uptime-rule";
+    let base = WorkerOptions {
+        node_timeout: Some(Duration::from_millis(50)),
+        ..WorkerOptions::default()
+    };
+    let mut w1 = t.worker(1, base.clone()).await?;
+    let mut w2 = t
+        .worker(
+            2,
+            WorkerOptions {
+                min_uptime: uptime_rule.then_some(t.ttl),
+                ..base
+            },
+        )
+        .await?;
+    let victim = if t.backend == Backend::Redlock {
+        let l1 = w1.lock_links();
+        l1[3].partition();
+        l1[4].partition();
+        t.fault("client 1 cut off from redis 4 and 5");
+        2
+    } else {
+        0
+    };
+    let ok1 = w1.acquire(&t.lock, Duration::from_secs(2)).await?;
+    if !ok1 {
+        t.note("client 1 could not acquire the lock");
+    }
+    let server = &mut env.redis()[victim];
+    tokio::task::block_in_place(|| {
+        server.kill();
+        server.restart()
+    })?;
+    t.fault(format!(
+        "redis {} killed and restarted without persistence: it forgot the lock",
+        victim + 1
+    ));
+    if t.backend == Backend::Redlock {
+        let l2 = w2.lock_links();
+        l2[0].partition();
+        l2[1].partition();
+        t.fault("client 2 cut off from redis 1 and 2");
+    }
+    // With the rule, client 2 keeps retrying until the restarted node is old
+    // enough to count again — by then client 1's lease is over.
+    let wait = if uptime_rule {
+        2 * t.ttl + Duration::from_secs(1)
+    } else {
+        Duration::from_millis(500)
+    };
+    let ok2 = w2.acquire(&t.lock, wait).await?;
+    if ok1 {
+        w1.increment(&t.key).await?;
+    }
+    if ok2 {
+        w2.increment(&t.key).await?;
+    }
+    finish_all([w1, w2]).await;
+    Ok(())
+}
+
+async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
+    let mut w1 = t.worker(1, WorkerOptions::default()).await?;
+    let mut w2 = t.worker(2, WorkerOptions::default()).await?;
+    let mut w3 = t.worker(3, WorkerOptions::default()).await?;
+    if !w1.acquire(&t.lock, Duration::from_secs(5)).await? {
+        t.note("client 1 could not acquire the lock");
+        finish_all([w1, w2, w3]).await;
+        return Ok(());
+    }
+    w1.increment(&t.key).await?;
+    w2.start_acquire(&t.lock, Duration::from_secs(30)).await?;
+    w3.start_acquire(&t.lock, Duration::from_secs(30)).await?;
+    let leader = env.wait_for_leader().await?;
+    let index = usize::try_from(leader - 1)?;
+    let pid = env.nodes()[index].pid();
+    if t.variant == "kill" {
+        let node = &mut env.nodes()[index];
+        tokio::task::block_in_place(|| node.kill());
+        t.fault(format!("leader (node {leader}) killed (kill -9)"));
+    } else if let Some(pid) = pid {
+        kill(Pid::from_raw(pid as i32), Signal::SIGSTOP)?;
+        t.fault(format!(
+            "leader (node {leader}) paused (SIGSTOP): to its peers, a partition"
+        ));
+    }
+    for _ in 0..3 {
+        let o = w1.increment(&t.key).await?;
+        if !o.ok {
+            t.note(format!("client 1 during the failover: {}", o.detail));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    if t.variant == "pause" {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Some(pid) = pid {
+            kill(Pid::from_raw(pid as i32), Signal::SIGCONT)?;
+        }
+        t.fault(format!("old leader (node {leader}) resumed"));
+    }
+    w1.release().await?;
+    for w in [&mut w2, &mut w3] {
+        let o = w.outcome().await?;
+        if o.ok {
+            w.increment(&t.key).await?;
+            w.release().await?;
+        } else {
+            t.note(format!(
+                "client {} was not granted the lock: {}",
+                w.n, o.detail
+            ));
+        }
+    }
+    if t.variant == "kill" {
+        let node = &mut env.nodes()[index];
+        tokio::task::block_in_place(|| node.start())?;
+        t.fault(format!("node {leader} restarted"));
+    }
+    finish_all([w1, w2, w3]).await;
+    Ok(())
+}
+
+/// Three clients loop acquire → increment → release while faults rain down.
+async fn mixed(env: &mut Env, t: &mut Trial, rng: &mut StdRng, duration: Duration) -> Result<()> {
+    const CLIENTS: u32 = 3;
+    let mut controls = Vec::new();
+    let mut drivers = Vec::new();
+    let deadline = tokio::time::Instant::now() + duration;
+    for n in 1..=CLIENTS {
+        let mut w = t.worker(n, WorkerOptions::default()).await?;
+        controls.push((w.pid(), w.lock_links(), w.store_link()));
+        let (lock, key) = (t.lock.clone(), t.key.clone());
+        drivers.push(tokio::spawn(async move {
+            while tokio::time::Instant::now() < deadline {
+                if w.acquire(&lock, Duration::from_secs(2)).await? {
+                    w.increment(&key).await?;
+                    w.release().await?;
+                }
+            }
+            anyhow::Ok(w)
+        }));
+    }
+    let backend = t.backend;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
+        let (pid, links, store_link) = &controls[rng.random_range(0..controls.len())];
+        let client = controls
+            .iter()
+            .position(|c| c.0 == *pid)
+            .map_or(0, |i| i + 1);
+        match rng.random_range(0..5) {
+            0 => {
+                let hold = t.ttl.mul_f64(rng.random_range(0.5..2.5));
+                kill(*pid, Signal::SIGSTOP)?;
+                t.fault(format!(
+                    "client {client} paused for {} ms",
+                    hold.as_millis()
+                ));
+                tokio::time::sleep(hold).await;
+                kill(*pid, Signal::SIGCONT)?;
+                t.fault(format!("client {client} resumed"));
+            }
+            1 => {
+                let i = rng.random_range(0..links.len());
+                let hold = Duration::from_millis(rng.random_range(300..2000));
+                links[i].partition();
+                t.fault(format!("client {client} cut off from server {}", i + 1));
+                tokio::time::sleep(hold).await;
+                links[i].heal();
+                t.fault(format!("client {client} reconnected to server {}", i + 1));
+            }
+            2 => {
+                let hold = Duration::from_millis(rng.random_range(300..2000));
+                store_link.partition();
+                t.fault(format!("client {client}'s traffic to the store held"));
+                tokio::time::sleep(hold).await;
+                store_link.heal();
+                t.fault(format!("client {client}'s held store traffic delivered"));
+            }
+            _ => server_fault(env, t, rng, backend).await?,
+        }
+    }
+    let mut workers = Vec::new();
+    for d in drivers {
+        match d.await? {
+            Ok(w) => workers.push(w),
+            Err(e) => t.note(format!("a client failed: {e:#}")),
+        }
+    }
+    finish_all(workers).await;
+    Ok(())
+}
+
+/// Kills, pauses or shifts the clock of a random server of `backend`.
+async fn server_fault(
+    env: &mut Env,
+    t: &mut Trial,
+    rng: &mut StdRng,
+    backend: Backend,
+) -> Result<()> {
+    match backend {
+        Backend::Redis | Backend::Redlock => {
+            let count = if backend == Backend::Redis {
+                1
+            } else {
+                super::env::REDIS_NODES
+            };
+            let i = rng.random_range(0..count);
+            if rng.random_bool(0.5) {
+                let server = &mut env.redis()[i];
+                tokio::task::block_in_place(|| {
+                    server.kill();
+                    server.restart()
+                })?;
+                t.fault(format!("redis {} killed and restarted empty", i + 1));
+            } else {
+                let jump = t.ttl + Duration::from_millis(500);
+                if let Some(clock) = env.redis()[i].clock() {
+                    clock.jump_ahead(jump)?;
+                }
+                t.fault(format!(
+                    "redis {}'s clock jumps {} ms ahead",
+                    i + 1,
+                    jump.as_millis()
+                ));
+                tokio::time::sleep(Duration::from_millis(rng.random_range(200..1000))).await;
+                if let Some(clock) = env.redis()[i].clock() {
+                    clock.set_ms(0)?;
+                }
+                t.fault(format!("redis {}'s clock set right", i + 1));
+            }
+        }
+        Backend::Palisade => {
+            let i = rng.random_range(0..super::env::PALISADE_NODES as usize);
+            let id = i + 1;
+            let hold = Duration::from_millis(rng.random_range(500..2500));
+            if rng.random_bool(0.5) {
+                let node = &mut env.nodes()[i];
+                tokio::task::block_in_place(|| node.kill());
+                t.fault(format!("node {id} killed (kill -9)"));
+                tokio::time::sleep(hold).await;
+                let node = &mut env.nodes()[i];
+                tokio::task::block_in_place(|| node.start())?;
+                t.fault(format!("node {id} restarted"));
+            } else if let Some(pid) = env.nodes()[i].pid() {
+                let pid = Pid::from_raw(pid as i32);
+                kill(pid, Signal::SIGSTOP)?;
+                t.fault(format!("node {id} paused (SIGSTOP)"));
+                tokio::time::sleep(hold).await;
+                kill(pid, Signal::SIGCONT)?;
+                t.fault(format!("node {id} resumed"));
+            }
+        }
+    }
+    Ok(())
+}

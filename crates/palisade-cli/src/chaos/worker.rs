@@ -1,0 +1,472 @@
+//! One client of a drill, in its own process so the harness can stop it with
+//! SIGSTOP like a long GC pause. It takes [`Command`]s as JSON lines on stdin and
+//! reports [`Report`]s as JSON lines on stdout, each event stamped with
+//! `CLOCK_MONOTONIC` (shared by every process on the machine, so the harness can
+//! merge them with its own stamps and the store's journal).
+//!
+//! The protected resource is a counter in the fenced object store: an increment
+//! reads it (a fenced read when fencing is on) and writes `read + 1` with the
+//! lock's token. The write's body names the client, the lock and the values, so
+//! the store's journal alone tells the harness every write it decided on.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use palisade_chaos::EventKind;
+use palisade_client::{Client, ClientConfig, ClientError, FencedGuard};
+use palisade_fence::journal::monotonic_us;
+use palisade_redis::{RedisGuard, Redlock, RedlockConfig};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
+
+use crate::fence_cmd::request;
+
+/// The lock services a drill can test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// One Redis instance (`SET NX PX`): an efficiency lock, no token.
+    Redis,
+    /// Redlock over five Redis instances: an efficiency lock, no token.
+    Redlock,
+    /// Palisade's Raft-replicated lock server: every grant has a fencing token.
+    Palisade,
+}
+
+impl Backend {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Redis => "redis",
+            Backend::Redlock => "redlock",
+            Backend::Palisade => "palisade",
+        }
+    }
+
+    /// Whether grants carry a fencing token the store can check.
+    pub fn has_tokens(self) -> bool {
+        self == Backend::Palisade
+    }
+}
+
+/// `palisade chaos-worker` (started by `palisade chaos`).
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// This client's number in the drill (1, 2, …).
+    #[arg(long)]
+    pub client: u32,
+    /// The lock service.
+    #[arg(long, value_enum)]
+    pub backend: Backend,
+    /// Redis URLs, or Palisade `HOST:PORT`s, as this client reaches them.
+    #[arg(long, value_delimiter = ',')]
+    pub servers: Vec<String>,
+    /// Palisade: `ADVERTISED=DIALLED` pairs, so a leader named by a follower is
+    /// reached through this client's proxy too.
+    #[arg(long, value_delimiter = ',')]
+    pub address_map: Vec<String>,
+    /// The fenced object store, `HOST:PORT`, as this client reaches it.
+    #[arg(long)]
+    pub store: String,
+    /// Present the token on reads and writes (the store checks it).
+    #[arg(long)]
+    pub fenced: bool,
+    /// Lease: the Redis key's TTL, or the Palisade session's TTL.
+    #[arg(long)]
+    pub ttl_ms: u64,
+    /// Redlock's per-node timeout (default: derived from the TTL).
+    #[arg(long)]
+    pub node_timeout_ms: Option<u64>,
+    /// Redlock's delayed-restart rule: ignore nodes younger than this.
+    #[arg(long)]
+    pub min_uptime_ms: Option<u64>,
+}
+
+/// What the harness asks a worker to do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Command {
+    /// Acquire `lock`, waiting up to `wait_ms`.
+    Acquire {
+        /// The lock.
+        lock: String,
+        /// How long to wait for it.
+        wait_ms: u64,
+    },
+    /// Increment the counter at `key` under the held lock.
+    Increment {
+        /// The store key.
+        key: String,
+        /// What to do between the read and the write.
+        #[serde(default)]
+        between: Between,
+    },
+    /// Release the held lock.
+    Release,
+    /// Exit.
+    Exit,
+}
+
+/// What a worker does between reading the counter and writing it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Between {
+    /// Nothing.
+    #[default]
+    Nothing,
+    /// Report [`Report::Pausing`] and stop itself (SIGSTOP) until SIGCONT: the
+    /// essay's GC pause, after the lease check and before the write.
+    Stop,
+    /// Report [`Report::Ready`] and wait for a `go` line on stdin, so the harness
+    /// can put a fault on the network before the write is sent.
+    Hold,
+}
+
+/// What a worker tells the harness.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum Report {
+    /// Something for the history, at `at_us` on `CLOCK_MONOTONIC`.
+    Event {
+        /// When.
+        at_us: u64,
+        /// What.
+        kind: EventKind,
+    },
+    /// About to stop itself.
+    Pausing,
+    /// Read the counter; waiting for `go` before writing.
+    Ready,
+    /// The command finished; `ok` says whether it did what was asked.
+    Done {
+        /// Success.
+        ok: bool,
+        /// In words.
+        detail: String,
+    },
+}
+
+/// The body of a counter write: enough for the store's journal to tell the story.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CounterWrite {
+    /// The writing client.
+    pub client: u32,
+    /// The lock it believed it held.
+    pub lock: String,
+    /// The value it read.
+    pub read: i64,
+    /// The value it wrote.
+    pub wrote: i64,
+}
+
+fn say(report: &Report) {
+    // One line per report; stdout is line-buffered, and the harness reads lines.
+    if let Ok(line) = serde_json::to_string(report) {
+        println!("{line}");
+    }
+}
+
+fn event(kind: EventKind) {
+    say(&Report::Event {
+        at_us: monotonic_us(),
+        kind,
+    });
+}
+
+fn done(ok: bool, detail: impl Into<String>) {
+    say(&Report::Done {
+        ok,
+        detail: detail.into(),
+    });
+}
+
+/// Microseconds on `CLOCK_MONOTONIC` of an `Instant` (std's `Instant` is that
+/// clock on Linux, but offers no absolute value).
+fn instant_us(at: Instant) -> u64 {
+    let now = Instant::now();
+    let now_us = monotonic_us();
+    if at >= now {
+        now_us + (at - now).as_micros() as u64
+    } else {
+        now_us.saturating_sub((now - at).as_micros() as u64)
+    }
+}
+
+enum Locker {
+    Redis(Redlock),
+    Palisade(Option<Client>, ClientConfig),
+}
+
+enum Held {
+    Redis(RedisGuard),
+    Palisade {
+        guard: FencedGuard,
+        watcher: tokio::task::JoinHandle<()>,
+    },
+}
+
+impl Held {
+    fn token(&self) -> Option<u64> {
+        match self {
+            Held::Redis(_) => None,
+            Held::Palisade { guard, .. } => Some(guard.token().get()),
+        }
+    }
+
+    fn remaining(&self) -> Duration {
+        match self {
+            Held::Redis(g) => g.remaining(),
+            Held::Palisade { guard, .. } => guard.remaining(),
+        }
+    }
+}
+
+/// Runs the worker until `exit` or the end of stdin.
+pub async fn run(a: WorkerArgs) -> Result<i32> {
+    let ttl = Duration::from_millis(a.ttl_ms);
+    let mut locker = match a.backend {
+        Backend::Redis | Backend::Redlock => {
+            let config = RedlockConfig {
+                node_timeout: a.node_timeout_ms.map(Duration::from_millis),
+                min_uptime: a.min_uptime_ms.map(Duration::from_millis),
+                retry_count: u32::MAX,
+                retry_delay: Duration::from_millis(50),
+                retry_jitter: Duration::from_millis(50),
+                ..RedlockConfig::default()
+            };
+            Locker::Redis(Redlock::new(&a.servers, config)?)
+        }
+        Backend::Palisade => {
+            let mut config = ClientConfig::new(a.servers.iter().cloned());
+            config.session_ttl = ttl;
+            config.rpc_timeout = Duration::from_millis(500);
+            config.retry_for = Duration::from_secs(5);
+            config.label = format!("drill client {}", a.client);
+            for pair in &a.address_map {
+                let (from, to) = pair
+                    .split_once('=')
+                    .with_context(|| format!("--address-map {pair:?}: expected A=B"))?;
+                config.address_map.insert(from.to_owned(), to.to_owned());
+            }
+            Locker::Palisade(None, config)
+        }
+    };
+    let mut held: Option<(String, Held)> = None;
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await? {
+        let command: Command = match serde_json::from_str(&line) {
+            Ok(c) => c,
+            Err(e) => {
+                done(false, format!("bad command {line:?}: {e}"));
+                continue;
+            }
+        };
+        match command {
+            Command::Acquire { lock, wait_ms } => {
+                if let Some((name, h)) = held.take() {
+                    release(&name, h).await;
+                }
+                match acquire(&mut locker, &lock, ttl, Duration::from_millis(wait_ms)).await {
+                    Ok(h) => {
+                        held = Some(h);
+                        done(true, "held");
+                    }
+                    Err(why) => done(false, why),
+                }
+            }
+            Command::Increment { key, between } => match &held {
+                Some((lock, h)) => {
+                    let (ok, detail) = increment(&a, lock, h, &key, between, &mut lines).await?;
+                    done(ok, detail);
+                }
+                None => done(false, "not holding a lock"),
+            },
+            Command::Release => match held.take() {
+                Some((name, h)) => {
+                    let ok = release(&name, h).await;
+                    done(ok, if ok { "released" } else { "release refused" });
+                }
+                None => done(false, "not holding a lock"),
+            },
+            Command::Exit => break,
+        }
+    }
+    // Leave without releasing: a drill's client may be a superseded holder, and a
+    // clean exit must not change what the servers decide.
+    if let Some((_, Held::Palisade { guard, watcher })) = held {
+        watcher.abort();
+        std::mem::forget(guard);
+    }
+    Ok(0)
+}
+
+async fn acquire(
+    locker: &mut Locker,
+    lock: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<(String, Held), String> {
+    event(EventKind::AcquireInvoke { lock: lock.into() });
+    match locker {
+        Locker::Redis(redlock) => {
+            let mut options = palisade_redis::AcquireOptions::new(ttl);
+            options.wait = Some(wait);
+            match redlock.acquire(lock, &options).await {
+                Ok(guard) => {
+                    let valid_until = instant_us(Instant::now() + guard.remaining());
+                    event(EventKind::AcquireOk {
+                        lock: lock.into(),
+                        token: None,
+                        valid_until_us: Some(valid_until),
+                    });
+                    Ok((lock.to_owned(), Held::Redis(guard)))
+                }
+                Err(e) => {
+                    event(EventKind::AcquireFail { lock: lock.into() });
+                    Err(e.to_string())
+                }
+            }
+        }
+        Locker::Palisade(client, config) => {
+            // A session that died (paused past its TTL, cut off) cannot be revived:
+            // open a new one, as an application would.
+            if client.as_ref().is_none_or(|c| c.remaining().is_zero()) {
+                match Client::connect(config.clone()).await {
+                    Ok(c) => *client = Some(c),
+                    Err(e) => {
+                        event(EventKind::AcquireFail { lock: lock.into() });
+                        return Err(format!("cannot open a session: {e}"));
+                    }
+                }
+            }
+            let Some(c) = client.as_ref() else {
+                return Err("no session".into());
+            };
+            let options = palisade_client::AcquireOptions {
+                wait,
+                ..Default::default()
+            };
+            match c.acquire(lock, &options).await {
+                Ok(guard) => {
+                    event(EventKind::AcquireOk {
+                        lock: lock.into(),
+                        token: Some(guard.token().get()),
+                        valid_until_us: None,
+                    });
+                    let watcher =
+                        tokio::spawn(watch_guarantee(lock.to_owned(), guard.lost(), c.clone()));
+                    Ok((lock.to_owned(), Held::Palisade { guard, watcher }))
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    let kind = match e {
+                        ClientError::Unavailable(_) | ClientError::Protocol(_) => {
+                            EventKind::AcquireUnknown { lock: lock.into() }
+                        }
+                        _ => EventKind::AcquireFail { lock: lock.into() },
+                    };
+                    event(kind);
+                    Err(why)
+                }
+            }
+        }
+    }
+}
+
+/// Reports `LeaseLost` when the guarantee runs out, stamped when it ran out — not
+/// when this process noticed, which after a pause is much later: the history
+/// records what a careful client could have known.
+async fn watch_guarantee(
+    lock: String,
+    lost: impl std::future::Future<Output = ()>,
+    client: Client,
+) {
+    let mut last_good = client.guaranteed_until();
+    let mut lost = std::pin::pin!(lost);
+    loop {
+        tokio::select! {
+            () = &mut lost => break,
+            () = tokio::time::sleep(Duration::from_millis(5)) => {
+                let until = client.guaranteed_until();
+                if until > Instant::now() {
+                    last_good = until;
+                }
+            }
+        }
+    }
+    let ended = last_good.min(Instant::now());
+    say(&Report::Event {
+        at_us: instant_us(ended),
+        kind: EventKind::LeaseLost { lock },
+    });
+}
+
+async fn release(lock: &str, h: Held) -> bool {
+    event(EventKind::ReleaseInvoke { lock: lock.into() });
+    let ok = match h {
+        Held::Redis(g) => g.release().await.is_ok(),
+        Held::Palisade { guard, watcher } => {
+            watcher.abort();
+            guard.release().await.is_ok()
+        }
+    };
+    if ok {
+        event(EventKind::ReleaseOk { lock: lock.into() });
+    }
+    ok
+}
+
+async fn increment(
+    a: &WorkerArgs,
+    lock: &str,
+    h: &Held,
+    key: &str,
+    between: Between,
+    lines: &mut Lines<BufReader<Stdin>>,
+) -> Result<(bool, String)> {
+    // The lease check an application makes before touching the resource.
+    if h.remaining().is_zero() {
+        return Ok((false, "the lease ran out before the write".into()));
+    }
+    let token = if a.fenced { h.token() } else { None };
+    let read = request("GET", &a.store, key, token, "").await?;
+    let value = match read.status {
+        200 => {
+            serde_json::from_str::<CounterWrite>(&read.body)
+                .with_context(|| format!("counter body {:?}", read.body))?
+                .wrote
+        }
+        404 => 0,
+        409 => return Ok((false, "fenced read refused: stale token".into())),
+        s => bail!("store answered {s} to a read: {}", read.body),
+    };
+    match between {
+        Between::Nothing => {}
+        Between::Stop => {
+            say(&Report::Pausing);
+            kill(Pid::this(), Signal::SIGSTOP)?;
+        }
+        Between::Hold => {
+            say(&Report::Ready);
+            lines.next_line().await?;
+        }
+    }
+    let body = serde_json::to_string(&CounterWrite {
+        client: a.client,
+        lock: lock.to_owned(),
+        read: value,
+        wrote: value + 1,
+    })?;
+    // An unfenced store ignores the token but the API requires one; efficiency
+    // locks have none, so they present 1.
+    let presented = h.token().unwrap_or(1);
+    let reply = request("PUT", &a.store, key, Some(presented), &body).await?;
+    Ok(match reply.status {
+        200 => (true, "accepted".into()),
+        409 => (false, "rejected: stale token".into()),
+        s => bail!("store answered {s} to a write: {}", reply.body),
+    })
+}
