@@ -90,7 +90,7 @@ impl Env {
                         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
                     }
                 }
-                self.wait_for_leader().await?;
+                self.wait_until_settled().await?;
             }
         }
         if !self.stores.contains_key(&fenced) {
@@ -148,6 +148,51 @@ impl Env {
         }
     }
 
+    /// Waits until every node answers, all agree on one leader and term, and every
+    /// node has applied what the leader had committed: a trial must start on a
+    /// healthy cluster, not on one still catching up from the previous trial's
+    /// faults (a lagging node cannot be elected, so a leader fault would then
+    /// leave the cluster without a leader, which is a different drill).
+    pub async fn wait_until_settled(&self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let admins = self
+            .nodes
+            .iter()
+            .map(|n| Admin::new(&ClientConfig::new([n.addr()])))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut target = None;
+        loop {
+            let mut answers = Vec::new();
+            for a in &admins {
+                match tokio::time::timeout(Duration::from_secs(1), a.status()).await {
+                    Ok(Ok(s)) => answers.push(s),
+                    _ => break,
+                }
+            }
+            if answers.len() == admins.len() {
+                let first = &answers[0];
+                let agreed = first.leader != 0
+                    && answers
+                        .iter()
+                        .all(|s| s.leader == first.leader && s.term == first.term);
+                if agreed {
+                    let leader = answers.iter().find(|s| s.id == first.leader);
+                    let committed = leader.map_or(u64::MAX, |l| l.commit_index);
+                    let target = *target.get_or_insert(committed);
+                    if answers.iter().all(|s| s.last_applied >= target) {
+                        return Ok(());
+                    }
+                } else {
+                    target = None;
+                }
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("the Palisade cluster did not settle (one leader, all caught up) in 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The Redis servers (index 0 is "redis 1").
     pub fn redis(&mut self) -> &mut [RedisServer] {
         &mut self.redis
@@ -162,6 +207,12 @@ impl Env {
     pub async fn shutdown(&mut self) {
         for (_, mut s) in self.stores.drain() {
             let _ = s.child.kill().await;
+        }
+        if let Some(dir) = std::env::var_os("PALISADE_CHAOS_WORKER_LOGS") {
+            for node in &self.nodes {
+                let path = Path::new(&dir).join(format!("node-{}.log", node.id()));
+                let _ = std::fs::write(path, node.log());
+            }
         }
         self.nodes.clear();
         self.redis.clear();
@@ -318,10 +369,21 @@ impl Trial {
         if let Some(t) = options.min_uptime {
             cmd.args(["--min-uptime-ms", &t.as_millis().to_string()]);
         }
+        // For debugging a drill: PALISADE_CHAOS_WORKER_LOGS=DIR keeps each
+        // worker's log (PALISADE_LOG sets its level) in DIR/worker-N.log.
+        let stderr = match std::env::var_os("PALISADE_CHAOS_WORKER_LOGS") {
+            Some(dir) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(Path::new(&dir).join(format!("worker-{n}.log")))?,
+            ),
+            None => Stdio::null(),
+        };
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()?;
         let stdin = child.stdin.take().context("worker stdin")?;

@@ -83,7 +83,11 @@ pub fn find(name: &str) -> Option<&'static Scenario> {
 pub fn ttl(scenario: &str) -> Duration {
     match scenario {
         "redlock-clock-jump" | "redis-crash-restart" => Duration::from_secs(3),
-        "redlock-pause-during-acquire" | "leader-failure" => Duration::from_secs(2),
+        "redlock-pause-during-acquire" => Duration::from_secs(2),
+        // The holder's session must outlive a failover (election timeout up to
+        // 1.2 s, plus the followers' leader lease of 1.2 s, plus the client's
+        // retries), or the drill shows expiry instead of a failover.
+        "leader-failure" => Duration::from_secs(6),
         _ => Duration::from_secs(1),
     }
 }
@@ -405,8 +409,22 @@ async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
         t.fault(format!("old leader (node {leader}) resumed"));
     }
     w1.release().await?;
-    for w in [&mut w2, &mut w3] {
-        let o = w.outcome().await?;
+    // Clients 2 and 3 queued at about the same moment; either may be first in
+    // the lock's queue, so serve whichever is granted first.
+    let (first, outcome) = tokio::select! {
+        o = w2.outcome() => (2, o?),
+        o = w3.outcome() => (3, o?),
+    };
+    let order = if first == 2 {
+        [(&mut w2, Some(outcome)), (&mut w3, None)]
+    } else {
+        [(&mut w3, Some(outcome)), (&mut w2, None)]
+    };
+    for (w, known) in order {
+        let o = match known {
+            Some(o) => o,
+            None => w.outcome().await?,
+        };
         if o.ok {
             w.increment(&t.key).await?;
             w.release().await?;

@@ -243,7 +243,7 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
             let mut config = ClientConfig::new(a.servers.iter().cloned());
             config.session_ttl = ttl;
             config.rpc_timeout = Duration::from_millis(500);
-            config.retry_for = Duration::from_secs(5);
+            config.retry_for = Duration::from_secs(10);
             config.label = format!("drill client {}", a.client);
             for pair in &a.address_map {
                 let (from, to) = pair
