@@ -225,6 +225,60 @@ async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
     assert_eq!(c.get("job").await.unwrap().unwrap().token, g.token().get());
 }
 
+/// A grant whose answer reaches the client only after its session's guarantee
+/// ran out (the network held it) may already be superseded: the client must not
+/// hand it out. The hold is released when the client has seen its guarantee
+/// end and the server has expired the session, so no timing is assumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_the_guarantee_ran_out_is_not_handed_out() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let holder = client(&[&node]).await;
+    let held = holder.acquire("late", &now_or_never()).await.unwrap();
+    let first = held.token();
+    let proxy = palisade_faultproxy::FaultProxy::start(node.addr().parse().unwrap())
+        .await
+        .unwrap();
+    let mut c = ClientConfig::new([proxy.addr().to_string()]);
+    c.session_ttl = Duration::from_secs(1);
+    c.retry_for = Duration::from_secs(30);
+    let waiter = Client::connect(c).await.unwrap();
+    let waiting_client = waiter.clone();
+    let acquire = tokio::spawn(async move { waiting_client.acquire("late", &waiting(120)).await });
+    eventually("the waiter is queued", || async {
+        holder
+            .get("late")
+            .await
+            .unwrap()
+            .is_some_and(|l| l.waiters.contains(&waiter.session_id()))
+    })
+    .await;
+    proxy.link().partition();
+    held.release().await.unwrap();
+    // The grant is committed and answered into the held link; the waiter's
+    // keep-alives are held too, so the server expires its session.
+    eventually("the waiter's guarantee ran out", || async {
+        waiter.remaining().is_zero()
+    })
+    .await;
+    eventually("the server expired the waiter's session", || async {
+        holder
+            .get("late")
+            .await
+            .unwrap()
+            .is_none_or(|l| l.holder_session != waiter.session_id())
+    })
+    .await;
+    proxy.link().heal();
+    let result = acquire.await.unwrap();
+    assert!(
+        matches!(result, Err(ClientError::GrantTooLate)),
+        "a late grant was handed out: {result:?}"
+    );
+    let next = holder.acquire("late", &now_or_never()).await.unwrap();
+    // The late grant came between the two: the next one is above both.
+    assert!(next.token().get() > first.get() + 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_delay_holds_the_lock_after_expiry_but_not_after_release() {
     let node = PalisadeNode::single(bin()).unwrap();

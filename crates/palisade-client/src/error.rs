@@ -17,6 +17,11 @@ pub enum ClientError {
     /// The session is gone (expired or closed): its locks are no longer held.
     #[error("the session expired: its locks are no longer held")]
     SessionExpired,
+    /// The lock was granted, but the answer arrived after the session's guarantee
+    /// had run out (this process paused, or the network held the reply), so the
+    /// grant could already be superseded. It has been released; try again.
+    #[error("the grant arrived after the session's guarantee ran out; it was released")]
+    GrantTooLate,
     /// The session does not hold the lock (e.g. it was released already).
     #[error("not the holder: {0}")]
     NotHolder(String),
@@ -39,7 +44,10 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            ClientError::WouldBlock | ClientError::WaitTimeout | ClientError::Unavailable(_)
+            ClientError::WouldBlock
+                | ClientError::WaitTimeout
+                | ClientError::GrantTooLate
+                | ClientError::Unavailable(_)
         )
     }
 

@@ -152,7 +152,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::WouldBlock`], [`ClientError::WaitTimeout`],
     /// [`ClientError::InvalidInput`], [`ClientError::SessionExpired`],
-    /// [`ClientError::Unavailable`]. After `Unavailable` the outcome was unknown;
+    /// [`ClientError::GrantTooLate`], [`ClientError::Unavailable`]. After `Unavailable` the outcome was unknown;
     /// the client has asked the server to cancel it.
     pub async fn acquire(
         &self,
@@ -184,7 +184,15 @@ impl Client {
             Ok(reply) => {
                 let token = FencingToken::new(reply.token)
                     .ok_or_else(|| ClientError::Protocol("server granted token 0".into()))?;
-                Ok(FencedGuard::new(self.clone(), name.to_owned(), token))
+                let guard = FencedGuard::new(self.clone(), name.to_owned(), token);
+                // A grant is only worth something while the session is guaranteed:
+                // one that arrives later may have been expired and handed on
+                // already. Dropping the guard releases it (best effort).
+                if self.session.check_alive().is_err() {
+                    drop(guard);
+                    return Err(ClientError::GrantTooLate);
+                }
+                Ok(guard)
             }
             Err(ClientError::Unavailable(why)) => {
                 self.cancel_in_background(name);
