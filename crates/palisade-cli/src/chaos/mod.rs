@@ -77,6 +77,18 @@ struct Outcome {
     errors: usize,
 }
 
+impl Outcome {
+    /// The cell's row; named after the cell even when no trial produced a history.
+    fn summary(&self) -> Summary {
+        let mut s = Summary::from_histories(&self.histories);
+        s.scenario = self.cell.scenario.to_owned();
+        s.variant = self.cell.variant.to_owned();
+        s.backend = self.cell.backend.name().to_owned();
+        s.fencing = self.cell.fenced;
+        s
+    }
+}
+
 fn plan(a: &ChaosArgs) -> Result<Vec<Cell>, String> {
     for name in &a.scenarios {
         if scenarios::find(name).is_none() {
@@ -212,7 +224,7 @@ pub async fn run(a: ChaosArgs) -> Result<i32> {
             }
             bar.inc(1);
         }
-        let summary = Summary::from_histories(&outcome.histories);
+        let summary = outcome.summary();
         if a.json {
             bar.suspend(|| println!("{}", summary.json_line()));
         }
@@ -221,10 +233,7 @@ pub async fn run(a: ChaosArgs) -> Result<i32> {
     bar.finish_and_clear();
     env.shutdown().await;
 
-    let rows: Vec<Summary> = outcomes
-        .iter()
-        .map(|o| Summary::from_histories(&o.histories))
-        .collect();
+    let rows: Vec<Summary> = outcomes.iter().map(Outcome::summary).collect();
     if !a.json {
         println!("{}", Summary::text_table(&rows));
         println!("seed {base_seed} (rerun with --seed {base_seed})");
