@@ -4,12 +4,11 @@
 //! taking the next request, so one client request per entry would cost one fsync
 //! per grant. The proposer keeps at most two entries in flight (one flushing, one
 //! ready behind it) and gathers every command that arrives meanwhile into the next
-//! entry, as long as the commands touch pairwise
-//! different locks (`Command::conflict_key`): every grant made by an entry carries
-//! the entry's index as its token, so two grants of one lock must never share an
-//! entry. A command that conflicts with the batch being built starts the next one.
-
-use std::collections::HashSet;
+//! entry. Lock commands share entries freely, even on one lock — the machine
+//! grants a lock at most once per entry (`Command::conflict_key`) — so a release
+//! and the previous holder's next acquire ride in one entry instead of two. Only a
+//! second session creation, or a session end (alone in its entry), starts the next
+//! entry.
 
 use openraft::error::ClientWriteError;
 use palisade_core::machine::{Applied, Command, ConflictKey};
@@ -82,15 +81,19 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         let first_key = first.cmd.conflict_key();
         let mut batch = vec![first];
         if first_key != ConflictKey::Exclusive {
-            let mut keys = HashSet::from([first_key]);
+            let mut creates_session = first_key == ConflictKey::NewSession;
             while batch.len() < MAX_BATCH {
                 let Ok(next) = rx.try_recv() else { break };
                 let key = next.cmd.conflict_key();
-                if key == ConflictKey::Exclusive || keys.contains(&key) {
+                let conflicts = match key {
+                    ConflictKey::Shared => false,
+                    ConflictKey::NewSession => std::mem::replace(&mut creates_session, true),
+                    ConflictKey::Exclusive => true,
+                };
+                if conflicts {
                     carry = Some(next);
                     break;
                 }
-                keys.insert(key);
                 batch.push(next);
             }
         }

@@ -5,7 +5,9 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use super::MAX_WAITERS_PER_LOCK;
-use super::command::{Applied, Command, DelayedLock, Grant, Outcome, Reply, SessionId};
+use super::command::{
+    Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId,
+};
 use super::error::MachineError;
 use super::state::{Holder, LockMachine, LockState, SessionState, Waiter};
 use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
@@ -41,9 +43,10 @@ impl LockMachine {
 
     /// Applies the commands committed together in the entry at `index`, in order.
     ///
-    /// Every grant they make carries `index` as its token, so the commands must
-    /// touch pairwise different locks (see [`Command::conflict_key`]); a command
-    /// whose key repeats an earlier one's, or that must be alone, is refused with
+    /// Every grant they make carries `index` as its token; the entry still grants
+    /// each lock at most once, because a release of a grant made by this entry is
+    /// refused (see [`Command::conflict_key`]). A second session creation, or a
+    /// session end that is not alone, is refused with
     /// [`MachineError::BatchConflict`] and changes nothing.
     ///
     /// # Panics
@@ -56,12 +59,14 @@ impl LockMachine {
         );
         self.last_applied = index;
         let alone = cmds.len() == 1;
-        let mut seen = std::collections::HashSet::new();
+        let mut created_session = false;
         cmds.into_iter()
             .map(|cmd| {
-                let key = cmd.conflict_key();
-                let conflicts =
-                    (key == super::command::ConflictKey::Exclusive && !alone) || !seen.insert(key);
+                let conflicts = match cmd.conflict_key() {
+                    ConflictKey::Shared => false,
+                    ConflictKey::NewSession => std::mem::replace(&mut created_session, true),
+                    ConflictKey::Exclusive => !alone,
+                };
                 if conflicts {
                     Applied {
                         index,
@@ -338,6 +343,12 @@ impl LockMachine {
                 presented: token,
                 current: holder.token,
             });
+        }
+        // Granted by this very entry: the session cannot have learnt the token
+        // yet, so this is a guess. Refusing it is what keeps an entry from
+        // granting one lock twice (see `ConflictKey`).
+        if holder.token.get() == index {
+            return Err(MachineError::NotHolder { name });
         }
         lock.holder = None;
         self.session_mut(session)?.held.remove(&name);

@@ -95,14 +95,21 @@ pub enum Command {
     },
 }
 
-/// What a command may touch, for building batches: commands that share a log entry
-/// must have pairwise different keys, so that no lock is granted twice at one index
-/// and no two sessions get the same id.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// What a command may share a log entry with. Every grant an entry makes carries
+/// the entry's index as its token, so an entry must never grant one lock twice,
+/// and two sessions created by one entry would get the same id.
+///
+/// Lock commands share entries freely, even on the same lock: after a grant, the
+/// lock can be freed again only by a release presenting the new token — which
+/// [`LockMachine`](super::LockMachine) refuses within the granting entry — or by
+/// the end of the holder's session, which is exclusive. So an entry grants each
+/// lock at most once whatever lock commands it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConflictKey {
-    /// Touches this lock only (acquire, release, cancel-wait, end of lock-delay).
-    Lock(String),
-    /// Creates a session, whose id is the entry's index.
+    /// Acquire, release, cancel-wait, end of lock-delay: shares an entry with any
+    /// command that is not exclusive.
+    Shared,
+    /// Creates a session, whose id is the entry's index: one per entry.
     NewSession,
     /// Ends a session, touching every lock it holds: must be alone in its entry.
     Exclusive,
@@ -114,10 +121,10 @@ impl Command {
         match self {
             Command::CreateSession { .. } => ConflictKey::NewSession,
             Command::CloseSession { .. } | Command::ExpireSession { .. } => ConflictKey::Exclusive,
-            Command::Acquire { name, .. }
-            | Command::Release { name, .. }
-            | Command::CancelWait { name, .. }
-            | Command::EndLockDelay { name, .. } => ConflictKey::Lock(name.clone()),
+            Command::Acquire { .. }
+            | Command::Release { .. }
+            | Command::CancelWait { .. }
+            | Command::EndLockDelay { .. } => ConflictKey::Shared,
         }
     }
 }

@@ -104,10 +104,11 @@ pub enum MachineError {
         /// The limit.
         limit: usize,
     },
-    /// The command shared its log entry with an earlier command that touches the
-    /// same lock or session namespace (see [`Command::conflict_key`]). Batches are
-    /// built to avoid this; the refusal keeps a faulty batch from ever granting one
-    /// lock twice at one index. Retrying the command is safe.
+    /// The command may not share its log entry with the commands before it (a
+    /// second session creation, or a session end that is not alone; see
+    /// [`Command::conflict_key`]). Batches are built to avoid this; the refusal
+    /// keeps a faulty batch from giving two sessions one id or mixing a session's
+    /// end with other work. Retrying the command is safe.
     ///
     /// [`Command::conflict_key`]: super::Command::conflict_key
     #[error("command conflicts with an earlier command in the same log entry")]

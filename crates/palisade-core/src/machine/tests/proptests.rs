@@ -298,3 +298,89 @@ proptest! {
         prop_assert_eq!(a.to_snapshot_bytes(), b.to_snapshot_bytes());
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    /// Entries of several commands, as the proposer builds them — lock commands
+    /// share entries even on one lock — including releases that guess the token
+    /// their own entry will grant: every entry grants each lock at most once,
+    /// tokens only grow, holders change only by grants, releases and session ends,
+    /// and a replica restored from a snapshot midway answers the same.
+    #[test]
+    fn entries_of_many_commands_grant_each_lock_at_most_once(
+        entries in prop::collection::vec(
+            (prop::collection::vec((op(), prop::bool::weighted(0.2)), 1..6), 1..=3u64),
+            1..60,
+        ),
+        cut in any::<Index>(),
+    ) {
+        let cut = cut.index(entries.len());
+        let mut a = LockMachine::new();
+        let mut b = LockMachine::new();
+        let mut ids = Vec::new();
+        let mut model = BTreeMap::new();
+        let mut max_token = 0;
+        let mut index = 0;
+        for (i, (ops, gap)) in entries.iter().enumerate() {
+            if i == cut {
+                b = LockMachine::from_snapshot_bytes(&b.to_snapshot_bytes()).unwrap();
+                prop_assert_eq!(&a, &b);
+            }
+            index += gap;
+            let cmds: Vec<Command> = ops
+                .iter()
+                .map(|(op, guess)| {
+                    let mut cmd = command(op, &ids, &a);
+                    if let (true, Command::Release { token, .. }) = (*guess, &mut cmd) {
+                        *token = tok(index);
+                    }
+                    cmd
+                })
+                .collect();
+            let applied = a.apply_batch(index, cmds.clone());
+            a.check_invariants()
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(a.last_applied(), index);
+            let mut granted = Vec::new();
+            for (cmd, ap) in cmds.iter().zip(&applied) {
+                match (cmd, &ap.outcome) {
+                    (Command::Release { name, .. }, Ok(Reply::Released)) => {
+                        prop_assert!(model.remove(name).is_some());
+                    }
+                    (_, Ok(Reply::SessionEnded { released, .. })) => {
+                        for name in released {
+                            prop_assert!(model.remove(name).is_some());
+                        }
+                    }
+                    (_, Ok(Reply::SessionCreated { session })) => ids.push(*session),
+                    _ => {}
+                }
+                for g in &ap.grants {
+                    prop_assert_eq!(g.token.get(), index);
+                    prop_assert!(g.token.get() > max_token, "token {} not increasing", g.token);
+                    prop_assert!(
+                        !granted.contains(&g.name),
+                        "entry {} granted {} twice",
+                        index,
+                        g.name
+                    );
+                    granted.push(g.name.clone());
+                    prop_assert!(!model.contains_key(&g.name), "{} granted while held", g.name);
+                    model.insert(g.name.clone(), (g.session, g.token));
+                }
+            }
+            if !granted.is_empty() {
+                max_token = index;
+            }
+            prop_assert_eq!(&holders(&a), &model, "holders changed without a grant or release");
+            let twin = b.apply_batch(index, cmds);
+            prop_assert_eq!(&twin, &applied, "replicas answered differently");
+            prop_assert_eq!(&a, &b, "replicas diverged");
+        }
+    }
+}

@@ -693,7 +693,7 @@ fn a_batch_grants_distinct_locks_at_its_index() {
 }
 
 #[test]
-fn a_batch_refuses_a_second_command_on_the_same_lock_and_lone_commands() {
+fn a_batch_shares_a_lock_but_not_a_session_creation_or_a_session_end() {
     let mut h = Harness::new();
     let (a, b) = (h.session(), h.session());
     let index = h.next;
@@ -709,19 +709,79 @@ fn a_batch_refuses_a_second_command_on_the_same_lock_and_lone_commands() {
         ],
     );
     h.m.check_invariants().unwrap();
-    assert!(applied[0].outcome.is_ok());
-    assert_eq!(applied[1].outcome, Err(MachineError::BatchConflict));
+    assert_eq!(acquired(&applied[0]), tok(index));
+    assert_eq!(applied[1].outcome, Ok(Reply::Queued { position: 1 }));
     assert!(applied[2].outcome.is_ok());
     assert_eq!(applied[3].outcome, Err(MachineError::BatchConflict));
     assert_eq!(applied[4].outcome, Err(MachineError::BatchConflict));
-    // The refused commands changed nothing: b is not queued, a still holds x.
+    // The refused commands changed nothing: a still holds x, b waits for it.
     let x = h.m.get("x").unwrap();
     assert_eq!(x.holder, Some(a));
-    assert!(x.waiters.is_empty());
+    assert_eq!(x.waiters, vec![b]);
     // A lone session end is fine.
     let end =
         h.m.apply_batch(h.next, vec![Command::CloseSession { session: a }]);
     assert!(end[0].outcome.is_ok());
+}
+
+#[test]
+fn a_release_and_the_previous_holders_next_acquire_share_an_entry_with_one_grant() {
+    let mut h = Harness::new();
+    let (p, q, r) = (h.session(), h.session(), h.session());
+    let t = acquired(&h.apply(acquire(p, "x", false, 0)));
+    h.apply(acquire(q, "x", true, 0));
+    h.apply(acquire(r, "x", true, 0));
+    let index = h.next;
+    h.next += 1;
+    // p releases, and (as a busy worker would) asks again at once.
+    let applied =
+        h.m.apply_batch(index, vec![release(p, "x", t), acquire(p, "x", true, 0)]);
+    h.m.check_invariants().unwrap();
+    assert_eq!(applied[0].outcome, Ok(Reply::Released));
+    assert_eq!(
+        applied[0].grants,
+        vec![Grant {
+            name: "x".into(),
+            session: q,
+            token: tok(index)
+        }]
+    );
+    assert_eq!(applied[1].outcome, Ok(Reply::Queued { position: 2 }));
+    assert!(applied[1].grants.is_empty());
+    assert_eq!(h.m.get("x").unwrap().waiters, vec![r, p]);
+}
+
+#[test]
+fn a_release_of_a_grant_made_by_its_own_entry_is_refused() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    let index = h.next;
+    h.next += 1;
+    // a guesses the index its acquire will land at; were the release accepted,
+    // b's acquire would be a second grant of x at the same index.
+    let applied = h.m.apply_batch(
+        index,
+        vec![
+            acquire(a, "x", false, 0),
+            release(a, "x", tok(index)),
+            acquire(b, "x", true, 0),
+        ],
+    );
+    h.m.check_invariants().unwrap();
+    assert_eq!(acquired(&applied[0]), tok(index));
+    assert_eq!(
+        applied[1].outcome,
+        Err(MachineError::NotHolder { name: "x".into() })
+    );
+    assert_eq!(applied[2].outcome, Ok(Reply::Queued { position: 1 }));
+    let grants: usize = applied.iter().map(|a| a.grants.len()).sum();
+    assert_eq!(grants, 1, "one entry, one grant of x");
+    assert_eq!(h.m.get("x").unwrap().holder, Some(a));
+    // In the next entry the same release is a real one.
+    assert_eq!(
+        h.apply(release(a, "x", tok(index))).outcome,
+        Ok(Reply::Released)
+    );
 }
 
 #[test]
