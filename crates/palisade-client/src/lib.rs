@@ -152,8 +152,9 @@ impl Client {
     /// # Errors
     /// [`ClientError::WouldBlock`], [`ClientError::WaitTimeout`],
     /// [`ClientError::InvalidInput`], [`ClientError::SessionExpired`],
-    /// [`ClientError::GrantTooLate`], [`ClientError::Unavailable`]. After `Unavailable` the outcome was unknown;
-    /// the client has asked the server to cancel it.
+    /// [`ClientError::GrantTooLate`], [`ClientError::Unavailable`]. After
+    /// `Unavailable` the outcome was unknown; the client has asked the server to
+    /// cancel it.
     pub async fn acquire(
         &self,
         name: &str,
