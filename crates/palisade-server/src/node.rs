@@ -100,6 +100,10 @@ fn check_identity(config: &ServerConfig) -> Result<(), ServerError> {
     }
 }
 
+/// How long a member of a fresh static cluster, other than the lowest id, waits
+/// for a leader to reach it before it initializes the cluster itself.
+const BOOTSTRAP_GRACE: Duration = Duration::from_secs(3);
+
 /// Runs a node until `shutdown` completes.
 ///
 /// # Errors
@@ -155,10 +159,29 @@ pub async fn run(
         .await
         .map_err(|e| ServerError::Raft(e.to_string()))?;
     if !initialized && !config.join {
-        // Every node of a static cluster initializes with the same membership;
-        // openraft accepts that (the first entry is identical everywhere).
-        if let Err(e) = raft.initialize(initial.clone()).await {
-            tracing::info!(error = %e, "initialize skipped");
+        // Every node of a static cluster may initialize with the same membership
+        // (the first entry is identical everywhere), but each initialization
+        // starts an election at once, and rival first-term candidates make the
+        // first leader step down again. So the lowest id starts at once and the
+        // others only if no leader has reached them within BOOTSTRAP_GRACE —
+        // the cluster still forms while its lowest id is down.
+        let first = initial.keys().next() == Some(&config.id);
+        let (raft, initial) = (raft.clone(), initial.clone());
+        let bootstrap = async move {
+            if !first {
+                tokio::time::sleep(BOOTSTRAP_GRACE).await;
+                if raft.is_initialized().await.unwrap_or(true) {
+                    return;
+                }
+            }
+            if let Err(e) = raft.initialize(initial).await {
+                tracing::info!(error = %e, "initialize skipped");
+            }
+        };
+        if first {
+            bootstrap.await;
+        } else {
+            tokio::spawn(bootstrap);
         }
     }
     let proposer = Proposer::start(raft.clone());
