@@ -4,6 +4,7 @@
 //! measures. Exit statuses are in [`exit`] and the README.
 
 mod bench;
+mod certs_cmd;
 mod chaos;
 mod child;
 mod demo;
@@ -50,6 +51,9 @@ enum Command {
     /// Demonstrations on real processes.
     #[command(subcommand)]
     Demo(demo::DemoCommand),
+    /// Certificates for TLS (a CA, nodes, clients) and bearer tokens.
+    #[command(subcommand)]
+    Certs(certs_cmd::CertsCommand),
     /// Membership changes.
     #[command(subcommand)]
     Cluster(server_cmd::ClusterCommand),
@@ -85,6 +89,7 @@ fn main() {
             Command::Locks(a) => server_cmd::locks(a).await,
             Command::CheckToken(a) => server_cmd::check_token(a).await,
             Command::Cluster(c) => server_cmd::cluster(c).await,
+            Command::Certs(c) => certs_cmd::run(c),
             Command::FenceStore(a) => fence_cmd::serve(a).await,
             Command::Demo(c) => demo::run(c).await,
             Command::Redis(c) => redis_cmd::run(c).await,

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use palisade_client::{AcquireOptions, Admin, Client, ClientConfig, ClientError, FencingToken};
+use palisade_client::{
+    AcquireOptions, Admin, Client, ClientConfig, ClientError, FencingToken, TlsOptions,
+};
 
 use crate::child::{Ended, run_holding, shell_status};
 use crate::{duration_arg, exit};
@@ -14,17 +16,53 @@ use crate::{duration_arg, exit};
 /// The default client port and listen address of `palisade serve`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
 
-/// Where clients find the cluster.
+/// Where clients find the cluster, and how they prove who they are.
 #[derive(Args, Clone)]
 pub struct Endpoints {
     /// Cluster nodes, comma-separated HOST:PORT (any of them; the leader is found).
     #[arg(long, value_delimiter = ',', env = "PALISADE_ENDPOINTS", default_value = DEFAULT_ADDR)]
     endpoints: Vec<String>,
+    /// The cluster's CA (PEM): speak TLS to the nodes and trust only this CA.
+    #[arg(long, env = "PALISADE_CA")]
+    ca: Option<PathBuf>,
+    /// This client's certificate (PEM), to authenticate by certificate.
+    #[arg(long, env = "PALISADE_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The key of --cert (PEM).
+    #[arg(long, env = "PALISADE_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// A file holding a bearer token, to authenticate without a certificate
+    /// (sent only over TLS).
+    #[arg(long, env = "PALISADE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
 }
 
 impl Endpoints {
-    fn config(&self) -> ClientConfig {
-        ClientConfig::new(self.endpoints.clone())
+    /// The client configuration these options describe.
+    ///
+    /// # Errors
+    /// When a file cannot be read, or a certificate or token is given without
+    /// the CA (they are never sent in the clear).
+    pub fn config(&self) -> Result<ClientConfig, ClientError> {
+        let mut config = ClientConfig::new(self.endpoints.clone());
+        let cert_and_key = self.cert.as_deref().zip(self.key.as_deref());
+        match &self.ca {
+            Some(ca) => config.tls = Some(TlsOptions::from_files(ca, cert_and_key)?),
+            None if cert_and_key.is_some() || self.token_file.is_some() => {
+                return Err(ClientError::InvalidInput(
+                    "--cert and --token-file need --ca (credentials never travel in plaintext)"
+                        .into(),
+                ));
+            }
+            None => {}
+        }
+        if let Some(path) = &self.token_file {
+            let token = std::fs::read_to_string(path).map_err(|e| {
+                ClientError::InvalidInput(format!("token file {}: {e}", path.display()))
+            })?;
+            config.bearer_token = Some(token.trim().to_owned());
+        }
+        Ok(config)
     }
 }
 
@@ -34,12 +72,46 @@ pub struct ServeArgs {
     /// This node's id.
     #[arg(long, default_value_t = 1)]
     id: u64,
-    /// Address to listen on, for clients and peers.
+    /// Address to listen on for clients.
     #[arg(long, default_value = DEFAULT_ADDR)]
     listen: SocketAddr,
-    /// Address others reach this node at (default: the listen address).
+    /// Address to listen on for peers (Raft traffic only). Default: the client
+    /// port + 1.
+    #[arg(long)]
+    listen_peer: Option<SocketAddr>,
+    /// Address clients reach this node at (default: the listen address).
     #[arg(long)]
     advertise: Option<String>,
+    /// Address peers reach this node at (default: the peer listen address).
+    #[arg(long)]
+    advertise_peer: Option<String>,
+    /// This node's certificate (PEM; `palisade certs init` makes one): TLS on
+    /// both listeners, peers authenticated by certificate.
+    #[arg(long, env = "PALISADE_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The cluster's CA (PEM): the only issuer of peer and client certificates.
+    #[arg(long, env = "PALISADE_TLS_CA", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+    /// The policy file: roles by lock-name prefix, users, bearer tokens. Re-read
+    /// on SIGHUP. Without it every authenticated caller may do everything.
+    #[arg(long, env = "PALISADE_AUTH", requires = "tls_cert")]
+    auth: Option<PathBuf>,
+    /// Allow plaintext on a non-loopback address (anyone who reaches the port
+    /// could then forge Raft messages and release others' locks).
+    #[arg(long)]
+    insecure: bool,
+    /// Open connections per listener.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// Close a connection with no call for this long.
+    #[arg(long, default_value = "5m", value_parser = duration_arg)]
+    idle_timeout: Duration,
+    /// Calls in flight per identity (waiting acquires included).
+    #[arg(long, default_value_t = 4096)]
+    max_calls_per_identity: usize,
     /// Where the log, vote and snapshots live.
     #[arg(long, default_value = "palisade-data")]
     data_dir: PathBuf,
@@ -134,20 +206,79 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         }
         None => Default::default(),
     };
+    let listen_peer = match a.listen_peer {
+        Some(addr) => addr,
+        None => {
+            let mut addr = a.listen;
+            addr.set_port(
+                a.listen
+                    .port()
+                    .checked_add(1)
+                    .context("the client port is 65535: give --listen-peer")?,
+            );
+            addr
+        }
+    };
+    let tls = a
+        .tls_cert
+        .clone()
+        .map(|cert| palisade_server::security::TlsFiles {
+            cert,
+            key: a.tls_key.clone().expect("clap requires it"),
+            ca: a.tls_ca.clone().expect("clap requires it"),
+        });
+    if tls.is_none() && !a.insecure {
+        for addr in [a.listen, listen_peer] {
+            if !addr.ip().is_loopback() {
+                eprintln!(
+                    "palisade: refusing to serve plaintext on {addr}: anyone who reaches it could \
+                     forge Raft messages and release others' locks.\n\
+                     Give --tls-cert/--tls-key/--tls-ca (`palisade certs init DIR` makes them), \
+                     or --insecure if this network is trusted."
+                );
+                return Ok(exit::USAGE);
+            }
+        }
+    }
     let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
+    let advertise_peer = a
+        .advertise_peer
+        .clone()
+        .unwrap_or_else(|| listen_peer.to_string());
     let config = palisade_server::ServerConfig {
         id: a.id,
         listen: a.listen,
+        listen_peer,
         advertise,
+        advertise_peer,
+        security: palisade_server::security::SecurityConfig {
+            tls,
+            policy: a.auth.clone(),
+            limits: palisade_server::security::conn::Limits {
+                max_connections: a.max_connections.max(1),
+                idle_timeout: a.idle_timeout.max(Duration::from_secs(1)),
+                max_calls_per_identity: a.max_calls_per_identity.max(1),
+                // A client that cannot finish a handshake in the idle time is idle.
+                handshake_timeout: a
+                    .idle_timeout
+                    .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+            },
+        },
         data_dir: a.data_dir.clone(),
         initial_cluster,
         snapshot_every: a.snapshot_every,
         join: a.join,
     };
     eprintln!(
-        "palisade: node {} serving on {} (data in {})",
+        "palisade: node {} serving clients on {} and peers on {}{} (data in {})",
         a.id,
         a.listen,
+        listen_peer,
+        if a.tls_cert.is_some() {
+            " with TLS"
+        } else {
+            ", plaintext"
+        },
         a.data_dir.display()
     );
     palisade_server::run(config, crate::child::interrupted()).await?;
@@ -156,7 +287,13 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
 
 /// Runs CMD holding the lock.
 pub async fn lock(a: LockArgs) -> Result<i32> {
-    let mut config = a.endpoints.config();
+    let mut config = match a.endpoints.config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("palisade: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
     config.session_ttl = a.ttl;
     let options = AcquireOptions {
         wait: a.wait,
@@ -224,12 +361,12 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
 
 /// `palisade status`.
 pub async fn status(a: QueryArgs) -> Result<i32> {
-    let admin = Admin::new(&a.endpoints.config())?;
+    let admin = Admin::new(&a.endpoints.config()?)?;
     let s = admin.status().await.context("no node answered")?;
     if a.json {
         let members = |m: &[palisade_client::Member]| {
             m.iter()
-                .map(|m| serde_json::json!({"id": m.id, "addr": m.addr}))
+                .map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "peer_addr": m.peer_addr}))
                 .collect::<Vec<_>>()
         };
         let v = serde_json::json!({
@@ -258,14 +395,15 @@ pub async fn status(a: QueryArgs) -> Result<i32> {
         println!("applied      {}", s.last_applied);
         for m in &s.members {
             println!(
-                "member       {} {}{}",
+                "member       {} {} (peers {}){}",
                 m.id,
                 m.addr,
+                m.peer_addr,
                 if m.id == s.leader { "  (leader)" } else { "" }
             );
         }
         for m in &s.learners {
-            println!("learner      {} {}", m.id, m.addr);
+            println!("learner      {} {} (peers {})", m.id, m.addr, m.peer_addr);
         }
     }
     Ok(0)
@@ -273,7 +411,7 @@ pub async fn status(a: QueryArgs) -> Result<i32> {
 
 /// `palisade locks`.
 pub async fn locks(a: QueryArgs) -> Result<i32> {
-    let admin = Admin::new(&a.endpoints.config())?;
+    let admin = Admin::new(&a.endpoints.config()?)?;
     let locks = admin.list().await.context("no leader answered")?;
     if a.json {
         for l in &locks {
@@ -317,7 +455,7 @@ pub async fn locks(a: QueryArgs) -> Result<i32> {
 
 /// `palisade check-token`: exit 0 when current, 1 when stale.
 pub async fn check_token(a: CheckTokenArgs) -> Result<i32> {
-    let admin = Admin::new(&a.endpoints.config())?;
+    let admin = Admin::new(&a.endpoints.config()?)?;
     let (current, holder) = admin.check_token(&a.name, a.token).await?;
     if a.json {
         println!(
@@ -349,7 +487,7 @@ pub async fn cluster(c: ClusterCommand) -> Result<i32> {
             addr,
             endpoints,
         } => {
-            let index = Admin::new(&endpoints.config())?
+            let index = Admin::new(&endpoints.config()?)?
                 .add_learner(id, &addr)
                 .await?;
             println!("node {id} ({addr}) added as a learner at log index {index}");
@@ -358,7 +496,7 @@ pub async fn cluster(c: ClusterCommand) -> Result<i32> {
             if voters.is_empty() {
                 bail!("give at least one voter");
             }
-            let index = Admin::new(&endpoints.config())?
+            let index = Admin::new(&endpoints.config()?)?
                 .change_membership(&voters)
                 .await?;
             println!("voters are now {voters:?} (log index {index})");

@@ -134,9 +134,19 @@ fn lock_stops_the_command_when_the_session_cannot_be_kept_alive() {
 #[test]
 fn status_json_has_the_documented_fields() {
     let node = PalisadeNode::single(bin()).unwrap();
-    let out = palisade(&node).args(["status", "--json"]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The port accepts before the first election is over: ask until a leader
+    // is named (`leader` is null until then).
+    let start = Instant::now();
+    let v = loop {
+        let out = palisade(&node).args(["status", "--json"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if !v["leader"].is_null() || start.elapsed() > Duration::from_secs(60) {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(v["leader"], 1);
+    assert_eq!(v["members"][0]["peer_addr"], node.peer_addr());
     assert!(v["term"].as_u64().unwrap() >= 1);
     assert!(v["commit_index"].as_u64().is_some());
     assert_eq!(v["members"][0]["id"], 1);

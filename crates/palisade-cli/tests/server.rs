@@ -169,7 +169,7 @@ async fn five_waiters_are_granted_in_fifo_order() {
 async fn abandoned_session(
     addr: &str,
     ttl_ms: u64,
-) -> (LocksClient<tonic::transport::Channel>, u64) {
+) -> (LocksClient<tonic::transport::Channel>, u64, Vec<u8>) {
     let mut raw = LocksClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -181,19 +181,20 @@ async fn abandoned_session(
         .await
         .unwrap()
         .into_inner();
-    (raw, s.session_id)
+    (raw, s.session_id, s.session_key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
     let node = PalisadeNode::single(bin()).unwrap();
-    let (mut raw, session) = abandoned_session(&node.addr(), 1_000).await;
+    let (mut raw, session, key) = abandoned_session(&node.addr(), 1_000).await;
     let t1 = raw
         .acquire(AcquireRequest {
             session_id: session,
             name: "job".into(),
             wait_ms: 0,
             lock_delay_ms: 0,
+            session_key: key.clone(),
         })
         .await
         .unwrap()
@@ -209,6 +210,7 @@ async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
     let err = raw
         .keep_alive(KeepAliveRequest {
             session_id: session,
+            session_key: key.clone(),
         })
         .await
         .unwrap_err();
@@ -218,6 +220,7 @@ async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
             session_id: session,
             name: "job".into(),
             token: t1,
+            session_key: key.clone(),
         })
         .await
         .unwrap_err();
@@ -282,12 +285,13 @@ async fn a_grant_that_arrives_after_the_guarantee_ran_out_is_not_handed_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_delay_holds_the_lock_after_expiry_but_not_after_release() {
     let node = PalisadeNode::single(bin()).unwrap();
-    let (mut raw, session) = abandoned_session(&node.addr(), 500).await;
+    let (mut raw, session, key) = abandoned_session(&node.addr(), 500).await;
     raw.acquire(AcquireRequest {
         session_id: session,
         name: "d".into(),
         wait_ms: 0,
         lock_delay_ms: 10_000,
+        session_key: key.clone(),
     })
     .await
     .unwrap();
@@ -364,6 +368,7 @@ async fn bad_input_is_refused_with_typed_errors() {
     let err = raw
         .keep_alive(KeepAliveRequest {
             session_id: 999_999,
+            session_key: vec![0; 16],
         })
         .await
         .unwrap_err();
@@ -376,29 +381,47 @@ async fn bad_input_is_refused_with_typed_errors() {
         .await
         .unwrap_err();
     assert_eq!(ErrorCode::of(&err), Some(ErrorCode::InvalidInput));
+    let (mut raw, session, key) = abandoned_session(&node.addr(), 60_000).await;
     let err = raw
         .acquire(AcquireRequest {
-            session_id: c.session_id(),
+            session_id: session,
             name: "q".into(),
             wait_ms: 0,
             lock_delay_ms: 3_600_000,
+            session_key: key.clone(),
         })
         .await
         .unwrap_err();
     assert_eq!(ErrorCode::of(&err), Some(ErrorCode::InvalidInput));
 
-    let g = c.acquire("held", &now_or_never()).await.unwrap();
-    let t = g.token().get();
-    for (session, token, expected) in [
-        (c.session_id(), t + 1, ErrorCode::StaleToken),
-        (c.session_id(), 0, ErrorCode::InvalidInput),
-        (999_999, t, ErrorCode::UnknownSession),
+    let t = raw
+        .acquire(AcquireRequest {
+            session_id: session,
+            name: "held".into(),
+            wait_ms: 0,
+            lock_delay_ms: 0,
+            session_key: key.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let mut wrong_key = key.clone();
+    wrong_key[0] ^= 1;
+    for (session, token, key, expected) in [
+        (session, t + 1, key.clone(), ErrorCode::StaleToken),
+        (session, 0, key.clone(), ErrorCode::InvalidInput),
+        (999_999, t, key.clone(), ErrorCode::UnknownSession),
+        (session, t, wrong_key, ErrorCode::Unauthenticated),
+        (session, t, Vec::new(), ErrorCode::Unauthenticated),
+        (c.session_id(), t, key.clone(), ErrorCode::Unauthenticated),
     ] {
         let err = raw
             .release(ReleaseRequest {
                 session_id: session,
                 name: "held".into(),
                 token,
+                session_key: key,
             })
             .await
             .unwrap_err();
@@ -406,7 +429,6 @@ async fn bad_input_is_refused_with_typed_errors() {
     }
     // Nothing changed: still held with the same token.
     assert_eq!(c.get("held").await.unwrap().unwrap().token, t);
-    g.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,7 +528,10 @@ async fn membership_grows_and_shrinks_while_locks_keep_working() {
     let c = client(&refs).await;
     let before = take(&c, "m").await;
 
-    admin.add_learner(4, &fourth.addr()).await.unwrap();
+    admin
+        .add_learner(4, &format!("{}/{}", fourth.addr(), fourth.peer_addr()))
+        .await
+        .unwrap();
     admin.change_membership(&[1, 2, 3, 4]).await.unwrap();
     let status = admin.status().await.unwrap();
     let mut members: Vec<u64> = status.members.iter().map(|m| m.id).collect();

@@ -6,10 +6,30 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use palisade_proto::{ErrorCode, LEADER_KEY};
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Response, Status};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Response, Status};
 
-use crate::{ClientConfig, ClientError};
+use crate::{ClientConfig, ClientError, TlsOptions};
+
+/// What every RPC goes through: a channel to one node, with this client's
+/// credentials added to each request.
+pub(crate) type Rpc = InterceptedService<Channel, Credentials>;
+
+/// Adds the bearer token, if any, to every request.
+#[derive(Clone)]
+pub(crate) struct Credentials(Option<AsciiMetadataValue>);
+
+impl Interceptor for Credentials {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
 
 /// Channels to the nodes, and which one is the leader as far as we know.
 pub(crate) struct Connector {
@@ -22,12 +42,30 @@ pub(crate) struct Connector {
     /// Rotates through endpoints when no leader is known.
     next: Mutex<usize>,
     address_map: HashMap<String, String>,
+    tls: Option<TlsOptions>,
+    credentials: Credentials,
 }
 
 impl Connector {
     pub fn new(config: &ClientConfig) -> Result<Self, ClientError> {
+        if config.bearer_token.is_some() && config.tls.is_none() {
+            return Err(ClientError::InvalidInput(
+                "a bearer token is sent only over TLS: give the cluster's CA too".into(),
+            ));
+        }
+        let credentials = Credentials(
+            config
+                .bearer_token
+                .as_deref()
+                .map(|t| {
+                    format!("Bearer {}", t.trim()).parse().map_err(|_| {
+                        ClientError::InvalidInput("the bearer token is not printable ASCII".into())
+                    })
+                })
+                .transpose()?,
+        );
         for e in &config.endpoints {
-            endpoint(e)?;
+            endpoint(e, config.tls.as_ref())?;
         }
         Ok(Connector {
             endpoints: Mutex::new(config.endpoints.clone()),
@@ -37,17 +75,22 @@ impl Connector {
             retry_for: config.retry_for,
             next: Mutex::new(0),
             address_map: config.address_map.clone(),
+            tls: config.tls.clone(),
+            credentials,
         })
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
+    fn channel(&self, addr: &str) -> Result<Rpc, ClientError> {
         let mut channels = self.channels.lock().expect("poisoned");
-        if let Some(c) = channels.get(addr) {
-            return Ok(c.clone());
-        }
-        let c = endpoint(addr)?.connect_lazy();
-        channels.insert(addr.to_owned(), c.clone());
-        Ok(c)
+        let channel = match channels.get(addr) {
+            Some(c) => c.clone(),
+            None => {
+                let c = endpoint(addr, self.tls.as_ref())?.connect_lazy();
+                channels.insert(addr.to_owned(), c.clone());
+                c
+            }
+        };
+        Ok(InterceptedService::new(channel, self.credentials.clone()))
     }
 
     fn target(&self) -> String {
@@ -81,7 +124,7 @@ impl Connector {
     /// backoff, for at most `budget`.
     pub async fn call<T, F, Fut>(&self, budget: Duration, mut rpc: F) -> Result<T, ClientError>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(Rpc) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let give_up = Instant::now() + budget;
@@ -116,13 +159,28 @@ impl Connector {
     }
 }
 
-fn endpoint(addr: &str) -> Result<Endpoint, ClientError> {
+fn endpoint(addr: &str, tls: Option<&TlsOptions>) -> Result<Endpoint, ClientError> {
     if addr.contains("://") || !addr.contains(':') {
         return Err(ClientError::InvalidInput(format!(
             "endpoint {addr:?}: expected HOST:PORT"
         )));
     }
-    Endpoint::from_shared(format!("http://{addr}"))
-        .map(|e| e.connect_timeout(Duration::from_secs(1)).tcp_nodelay(true))
-        .map_err(|e| ClientError::InvalidInput(format!("endpoint {addr:?}: {e}")))
+    let invalid =
+        |e: tonic::transport::Error| ClientError::InvalidInput(format!("endpoint {addr:?}: {e}"));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .map_err(invalid)?
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &tls.server_name {
+            config = config.domain_name(name.clone());
+        }
+        endpoint = endpoint.tls_config(config).map_err(invalid)?;
+    }
+    Ok(endpoint)
 }

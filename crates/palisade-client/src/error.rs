@@ -31,6 +31,13 @@ pub enum ClientError {
     /// A server limit was reached.
     #[error("limit reached: {0}")]
     LimitReached(String),
+    /// The server did not accept this client's credentials (certificate, bearer
+    /// token or session key). Retrying with the same ones cannot help.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller's roles do not allow this call on this lock name.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// No leader answered in time. The outcome of a write is unknown.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
@@ -62,6 +69,8 @@ impl ClientError {
             Some(ErrorCode::NotHolder) => ClientError::NotHolder(msg),
             Some(ErrorCode::StaleToken) => ClientError::StaleToken(msg),
             Some(ErrorCode::LimitReached) => ClientError::LimitReached(msg),
+            Some(ErrorCode::Unauthenticated) => ClientError::Unauthenticated(msg),
+            Some(ErrorCode::PermissionDenied) => ClientError::PermissionDenied(msg),
             Some(ErrorCode::NotLeader | ErrorCode::Unavailable) | None => {
                 ClientError::Unavailable(format!("{}: {msg}", status.code()))
             }

@@ -109,6 +109,7 @@ async fn release(client: &Client, name: &str, token: FencingToken) -> Result<(),
                 session_id: session,
                 name: name.to_owned(),
                 token: token.get(),
+                session_key: client.session.key.clone(),
             };
             async move { LocksClient::new(ch).release(req).await }
         })

@@ -66,6 +66,48 @@ pub struct ClientConfig {
     /// into the address this client must dial — for clients that reach the
     /// cluster through a proxy or NAT. Addresses not in the map are dialled as named.
     pub address_map: std::collections::HashMap<String, String>,
+    /// TLS to the nodes; `None`: plaintext (a node without TLS listens on
+    /// loopback only, unless started with `--insecure`).
+    pub tls: Option<TlsOptions>,
+    /// A bearer token that says who this client is, for clusters that do not
+    /// take client certificates. Sent only over TLS.
+    pub bearer_token: Option<String>,
+}
+
+/// How this client speaks TLS to the nodes.
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    /// PEM of the CA that signed the nodes' certificates (the only one trusted).
+    pub ca_pem: Vec<u8>,
+    /// This client's certificate and key (PEM), when it authenticates by
+    /// certificate.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to expect in the nodes' certificates; `None`: the host of each
+    /// address dialled.
+    pub server_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// Reads the CA and, when both are given, the client's certificate and key.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidInput`] naming a file that cannot be read.
+    pub fn from_files(
+        ca: &std::path::Path,
+        cert_and_key: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<Self, ClientError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| ClientError::InvalidInput(format!("{}: {e}", p.display())))
+        };
+        Ok(TlsOptions {
+            ca_pem: read(ca)?,
+            identity: match cert_and_key {
+                Some((cert, key)) => Some((read(cert)?, read(key)?)),
+                None => None,
+            },
+            server_name: None,
+        })
+    }
 }
 
 impl ClientConfig {
@@ -79,6 +121,8 @@ impl ClientConfig {
             retry_for: Duration::from_secs(10),
             label: default_label(),
             address_map: std::collections::HashMap::new(),
+            tls: None,
+            bearer_token: None,
         }
     }
 }
@@ -169,6 +213,7 @@ impl Client {
             name: name.to_owned(),
             wait_ms: wait.as_millis() as u64,
             lock_delay_ms: options.lock_delay.as_millis() as u64,
+            session_key: self.session.key.clone(),
         };
         // A retry after a leader change is safe: acquiring a lock the session
         // already holds returns the same grant, and a waiter is never queued twice.
@@ -206,12 +251,14 @@ impl Client {
     /// Asks the server to forget an acquisition whose answer we did not get.
     fn cancel_in_background(&self, name: &str) {
         let (conn, session, name) = (self.conn.clone(), self.session.id, name.to_owned());
+        let key = self.session.key.clone();
         tokio::spawn(async move {
             let _ = conn
                 .call(conn.retry_for, |ch| {
                     let req = CancelAcquireRequest {
                         session_id: session,
                         name: name.clone(),
+                        session_key: key.clone(),
                     };
                     async move { LocksClient::new(ch).cancel_acquire(req).await }
                 })
@@ -324,16 +371,20 @@ impl Admin {
     }
 
     /// Adds a node as a learner (it receives the log but does not vote).
+    /// `addr` is its client address, optionally followed by `/` and its peer
+    /// address (default: the client port + 1).
     ///
     /// # Errors
     /// [`ClientError::Unavailable`] and the like.
     pub async fn add_learner(&self, id: u64, addr: &str) -> Result<u64, ClientError> {
+        let (client_addr, peer_addr) = addr.split_once('/').unwrap_or((addr, ""));
         let reply = self
             .conn
             .call(self.conn.retry_for, |ch| {
                 let req = AddLearnerRequest {
                     id,
-                    addr: addr.to_owned(),
+                    addr: client_addr.to_owned(),
+                    peer_addr: peer_addr.to_owned(),
                 };
                 async move { ClusterClient::new(ch).add_learner(req).await }
             })

@@ -14,6 +14,8 @@ use crate::{ClientConfig, ClientError};
 /// One session and its guarantee.
 pub(crate) struct Session {
     pub id: u64,
+    /// The session's key, which every call on the session presents.
+    pub key: Vec<u8>,
     pub ttl: Duration,
     conn: Arc<Connector>,
     /// Until when the lease is guaranteed, on our monotonic clock: the send time
@@ -50,6 +52,7 @@ impl Session {
             let task = tokio::spawn(async move { keep_alive(weak, margin).await });
             Session {
                 id: reply.session_id,
+                key: reply.session_key,
                 ttl,
                 conn,
                 guaranteed_until: watch::Sender::new(sent + ttl - margin),
@@ -85,13 +88,15 @@ impl Session {
 
     pub async fn close(&self) -> Result<(), ClientError> {
         self.keepalive.abort();
-        let id = self.id;
+        let req = CloseSessionRequest {
+            session_id: self.id,
+            session_key: self.key.clone(),
+        };
         let result = self
             .conn
-            .call(self.conn.retry_for, |ch| async move {
-                LocksClient::new(ch)
-                    .close_session(CloseSessionRequest { session_id: id })
-                    .await
+            .call(self.conn.retry_for, |ch| {
+                let req = req.clone();
+                async move { LocksClient::new(ch).close_session(req).await }
             })
             .await;
         self.mark_dead();
@@ -107,13 +112,16 @@ impl Drop for Session {
         }
         // Best effort: closing releases our locks now instead of after the TTL.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (conn, id) = (self.conn.clone(), self.id);
+            let conn = self.conn.clone();
+            let req = CloseSessionRequest {
+                session_id: self.id,
+                session_key: std::mem::take(&mut self.key),
+            };
             rt.spawn(async move {
                 let _ = conn
-                    .call(Duration::from_secs(2), |ch| async move {
-                        LocksClient::new(ch)
-                            .close_session(CloseSessionRequest { session_id: id })
-                            .await
+                    .call(Duration::from_secs(2), |ch| {
+                        let req = req.clone();
+                        async move { LocksClient::new(ch).close_session(req).await }
                     })
                     .await;
             });
@@ -135,7 +143,10 @@ async fn keep_alive(session: std::sync::Weak<Session>, margin: Duration) {
         let reply = s
             .conn
             .call(attempt_timeout, |ch| {
-                let mut req = tonic::Request::new(KeepAliveRequest { session_id: id });
+                let mut req = tonic::Request::new(KeepAliveRequest {
+                    session_id: id,
+                    session_key: s.key.clone(),
+                });
                 req.set_timeout(attempt_timeout);
                 async move { LocksClient::new(ch).keep_alive(req).await }
             })

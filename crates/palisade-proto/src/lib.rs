@@ -39,11 +39,17 @@ pub enum ErrorCode {
     LimitReached,
     /// The cluster could not answer (no quorum, shutting down, storage failure).
     Unavailable,
+    /// The caller did not prove who it is: no or unknown credentials, a bearer
+    /// token over plaintext, a node certificate on the client port, or a session
+    /// key that does not match.
+    Unauthenticated,
+    /// The caller is known but its roles do not allow this call on this name.
+    PermissionDenied,
 }
 
 impl ErrorCode {
     /// Every code, for tests and docs.
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::NotLeader,
         ErrorCode::InvalidInput,
         ErrorCode::UnknownSession,
@@ -53,6 +59,8 @@ impl ErrorCode {
         ErrorCode::WaitTimeout,
         ErrorCode::LimitReached,
         ErrorCode::Unavailable,
+        ErrorCode::Unauthenticated,
+        ErrorCode::PermissionDenied,
     ];
 
     /// The wire form.
@@ -67,6 +75,8 @@ impl ErrorCode {
             ErrorCode::WaitTimeout => "wait_timeout",
             ErrorCode::LimitReached => "limit_reached",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::PermissionDenied => "permission_denied",
         }
     }
 
@@ -85,6 +95,8 @@ impl ErrorCode {
             ErrorCode::WouldBlock => tonic::Code::Aborted,
             ErrorCode::WaitTimeout => tonic::Code::DeadlineExceeded,
             ErrorCode::LimitReached => tonic::Code::ResourceExhausted,
+            ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
+            ErrorCode::PermissionDenied => tonic::Code::PermissionDenied,
         };
         let mut status = tonic::Status::new(grpc, message);
         status.metadata_mut().insert(

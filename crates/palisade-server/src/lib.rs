@@ -11,6 +11,8 @@
 //! - [`proposer`]: group commit — concurrent commands on different locks share
 //!   one log entry (and one fsync).
 //! - [`service`]: the gRPC API; [`network`]: Raft traffic between nodes.
+//! - [`security`]: TLS, separate client and peer listeners, authentication,
+//!   roles by lock-name prefix, session ownership, connection limits.
 //! - [`node`]: wiring it together.
 //!
 //! The fencing token of a grant is the Raft log index of the entry that made it.
@@ -21,6 +23,7 @@ pub mod leases;
 pub mod network;
 pub mod node;
 pub mod proposer;
+pub mod security;
 pub mod service;
 pub mod store;
 pub mod typ;

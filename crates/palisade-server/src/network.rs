@@ -5,6 +5,10 @@
 //! nodes speak this service, and JSON keeps the peer protocol readable while the
 //! client-facing API stays typed protobuf. One HTTP/2 channel per peer is reused
 //! for every RPC (openraft's example builds an HTTP client per call).
+//!
+//! With TLS, a node dials peers with its own certificate, trusts only the
+//! cluster's CA, and accepts a Raft message only from a member whose certificate
+//! names the node id the message claims to come from ([`PeerCheck`]).
 
 use std::time::Duration;
 
@@ -19,24 +23,34 @@ use palisade_proto::v1::raft_client::RaftClient;
 use palisade_proto::v1::raft_server;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
 
+use crate::security::PeerCheck;
 use crate::typ::{Node, NodeId, Raft, RaftError, TypeConfig};
 
 /// Makes one [`Peer`] per target node.
-pub struct PeerFactory;
+pub struct PeerFactory {
+    /// TLS to peers; `None`: plaintext.
+    pub tls: Option<ClientTlsConfig>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for PeerFactory {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        let channel = Endpoint::from_shared(format!("http://{}", node.addr))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let channel = Endpoint::from_shared(format!("{scheme}://{}", node.peer()))
+            .and_then(|e| match &self.tls {
+                Some(tls) => e.tls_config(tls.clone()),
+                None => Ok(e),
+            })
             .map(|e| {
                 e.connect_timeout(Duration::from_secs(1))
                     .tcp_nodelay(true)
                     .connect_lazy()
             })
+            .map_err(|e| tracing::error!(target, error = %e, "unusable peer address"))
             .ok();
         Peer {
             target,
@@ -123,13 +137,24 @@ impl RaftNetwork<TypeConfig> for Peer {
 /// The server side: hands peers' messages to the local Raft.
 pub struct RaftService {
     raft: Raft,
+    check: PeerCheck,
 }
 
 impl RaftService {
-    /// Serves `raft` to peers.
-    pub fn new(raft: Raft) -> raft_server::RaftServer<Self> {
-        raft_server::RaftServer::new(RaftService { raft })
+    /// Serves `raft` to peers, admitting them by `check`.
+    pub fn new(raft: Raft, check: PeerCheck) -> raft_server::RaftServer<Self> {
+        raft_server::RaftServer::new(RaftService { raft, check })
             .max_decoding_message_size(256 * 1024 * 1024)
+    }
+
+    /// The node id of the sender's certificate (`None` without TLS), if it is a
+    /// member — or any node of the CA while this node has no membership yet.
+    fn sender<T>(&self, req: &Request<T>) -> Result<Option<NodeId>, Status> {
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let members = membership.membership();
+        let has_members = members.nodes().next().is_some();
+        self.check
+            .node_of(req, |id| !has_members || members.get_node(&id).is_some())
     }
 }
 
@@ -150,12 +175,18 @@ impl raft_server::Raft for RaftService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let sender = self.sender(&req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
+        self.check
+            .same_sender(sender, rpc.vote.leader_id().voted_for())?;
         encode(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let sender = self.sender(&req)?;
         let rpc: VoteRequest<NodeId> = decode(req)?;
+        self.check
+            .same_sender(sender, rpc.vote.leader_id().voted_for())?;
         encode(&self.raft.vote(rpc).await)
     }
 
@@ -163,7 +194,10 @@ impl raft_server::Raft for RaftService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let sender = self.sender(&req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
+        self.check
+            .same_sender(sender, rpc.vote.leader_id().voted_for())?;
         encode(&self.raft.install_snapshot(rpc).await)
     }
 }

@@ -1,4 +1,5 @@
-//! Starting a node: storage, Raft, bootstrap, the lease keeper and the gRPC server.
+//! Starting a node: storage, Raft, bootstrap, the lease keeper and the two gRPC
+//! listeners (clients, peers).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -7,31 +8,39 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{BasicNode, Config, SnapshotPolicy};
+use openraft::{Config, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
 use crate::leases::LeaseKeeper;
 use crate::network::{PeerFactory, RaftService};
 use crate::proposer::Proposer;
+use crate::security::conn::{Counters, incoming};
+use crate::security::{Gatekeeper, PeerCheck, SecurityConfig, Tls};
 use crate::service::Api;
 use crate::store::log::LogStore;
 use crate::store::sm::StateMachineStore;
-use crate::typ::{NodeId, Raft};
+use crate::typ::{NodeAddr, NodeId, Raft};
 
 /// Everything a node needs to start.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// This node's id (> 0).
     pub id: NodeId,
-    /// Where to listen for clients and peers.
+    /// Where to listen for clients.
     pub listen: SocketAddr,
-    /// The address other nodes and clients use to reach this one.
+    /// Where to listen for peers (Raft traffic only).
+    pub listen_peer: SocketAddr,
+    /// The address clients use to reach this one.
     pub advertise: String,
+    /// The address peers use to reach this one.
+    pub advertise_peer: String,
+    /// TLS, the policy file, and limits.
+    pub security: SecurityConfig,
     /// Where the log, vote and snapshots live.
     pub data_dir: PathBuf,
     /// The cluster to bootstrap on a fresh data directory: every node, by id.
     /// Just this node when empty (single-node mode).
-    pub initial_cluster: BTreeMap<NodeId, BasicNode>,
+    pub initial_cluster: BTreeMap<NodeId, NodeAddr>,
     /// Take a snapshot (and compact the log) after this many entries.
     pub snapshot_every: u64,
     /// Start as a learner-to-be: do not bootstrap; wait for a leader to add us.
@@ -55,6 +64,18 @@ pub enum ServerError {
     /// Raft refused to start.
     #[error("raft: {0}")]
     Raft(String),
+    /// The TLS files or the policy file are unusable.
+    #[error("security: {0}")]
+    Security(String),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// The listener failed.
     #[error("serving {addr}: {source}")]
     Serve {
@@ -119,9 +140,7 @@ pub async fn run(
     if initial.is_empty() {
         initial.insert(
             config.id,
-            BasicNode {
-                addr: config.advertise.clone(),
-            },
+            NodeAddr::new(config.advertise.clone(), config.advertise_peer.clone()),
         );
     }
     if !config.join && !initial.contains_key(&config.id) {
@@ -131,6 +150,27 @@ pub async fn run(
             initial.keys().collect::<Vec<_>>()
         )));
     }
+    // Everything that can be refused is checked before the data directory is
+    // touched: a node that cannot serve must not initialize a fresh cluster.
+    let tls = config
+        .security
+        .tls
+        .as_ref()
+        .map(Tls::load)
+        .transpose()
+        .map_err(ServerError::Security)?;
+    let counters = Arc::new(Counters::default());
+    let gatekeeper = Arc::new(
+        Gatekeeper::new(&config.security, counters.clone()).map_err(ServerError::Security)?,
+    );
+    let bind = |addr: SocketAddr| {
+        let std = std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        tokio::net::TcpListener::from_std(std).map_err(|source| ServerError::Bind { addr, source })
+    };
+    let client_listener = bind(config.listen)?;
+    let peer_listener = bind(config.listen_peer)?;
     check_identity(&config)?;
     let dir_err = |e: std::io::Error| ServerError::DataDir {
         dir: config.data_dir.clone(),
@@ -151,7 +191,10 @@ pub async fn run(
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
     let committed_log = log.clone();
-    let raft = Raft::new(config.id, Arc::new(raft_config), PeerFactory, log, sm)
+    let peers = PeerFactory {
+        tls: tls.as_ref().map(Tls::to_peers),
+    };
+    let raft = Raft::new(config.id, Arc::new(raft_config), peers, log, sm)
         .await
         .map_err(|e| ServerError::Raft(e.to_string()))?;
     let initialized = raft
@@ -193,20 +236,75 @@ pub async fn run(
         shared,
         leases,
         Arc::new(move || committed_log.committed_index()),
+        gatekeeper.clone(),
     );
-    tracing::info!(id = config.id, listen = %config.listen, data_dir = %config.data_dir.display(), "palisade node serving");
-    let served = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+    tracing::info!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
+    let limits = config.security.limits;
+    let builder = || {
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+    };
+    let (client_server, peer_server) = match &tls {
+        Some(tls) => (
+            builder().tls_config(tls.client_listener(&limits)),
+            builder().tls_config(tls.peer_listener(&limits)),
+        ),
+        None => (Ok(builder()), Ok(builder())),
+    };
+    let tls_err = |e: tonic::transport::Error| ServerError::Security(e.to_string());
+    let (mut client_server, mut peer_server) = (
+        client_server.map_err(tls_err)?,
+        peer_server.map_err(tls_err)?,
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let clients = client_server
         .add_service(api.locks())
         .add_service(api.cluster())
-        .add_service(RaftService::new(raft.clone()))
-        .serve_with_shutdown(config.listen, shutdown)
-        .await;
+        .serve_with_incoming_shutdown(
+            incoming(client_listener, limits, counters.clone()),
+            stopped(stop_rx.clone()),
+        );
+    let peer_check = PeerCheck {
+        tls: tls.is_some(),
+        counters: counters.clone(),
+    };
+    let peers = peer_server
+        .add_service(RaftService::new(raft.clone(), peer_check))
+        .serve_with_incoming_shutdown(incoming(peer_listener, limits, counters), stopped(stop_rx));
+    let reloads = tokio::spawn(reload_on_hangup(gatekeeper));
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let (clients, peers) = tokio::join!(clients, peers);
+    reloads.abort();
     keeper.abort();
     let _ = raft.shutdown().await;
-    served.map_err(|source| ServerError::Serve {
+    clients.map_err(|source| ServerError::Serve {
         addr: config.listen,
         source,
+    })?;
+    peers.map_err(|source| ServerError::Serve {
+        addr: config.listen_peer,
+        source,
     })
+}
+
+/// Re-reads the policy file on every SIGHUP, logging what changed or why the
+/// new file was not taken (the old policy then stays in force).
+async fn reload_on_hangup(gatekeeper: Arc<Gatekeeper>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        match gatekeeper.reload() {
+            Ok(users) => tracing::warn!(users, "policy file reloaded"),
+            Err(e) => tracing::error!(error = %e, "policy file NOT reloaded; the old policy stays"),
+        }
+    }
 }

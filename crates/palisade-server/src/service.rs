@@ -4,15 +4,18 @@
 //! member's copy synced to disk) and applied. Reads are linearizable: the leader
 //! confirms its leadership with a quorum before reading. Followers answer
 //! `not_leader` with the leader's address.
+//!
+//! Every call is first admitted by the [`Gatekeeper`] (who is calling, within
+//! its call limit); calls on a session must come from the session's owner with
+//! the session's key; calls on a lock need the caller's role to cover its name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::BasicNode;
 use openraft::error::{ClientWriteError, RaftError};
 use palisade_core::FencingToken;
-use palisade_core::machine::{Applied, Command, MachineError, Reply, SessionId};
+use palisade_core::machine::{Applied, Command, MachineError, Reply, SessionId, SessionOwner};
 use palisade_proto::v1::cluster_server::{Cluster, ClusterServer};
 use palisade_proto::v1::locks_server::{Locks, LocksServer};
 use palisade_proto::v1::*;
@@ -21,8 +24,9 @@ use tonic::{Request, Response, Status};
 
 use crate::leases::{KeepAliveError, LeaseKeeper};
 use crate::proposer::{ProposeError, Proposer};
+use crate::security::{Caller, Gatekeeper, new_session_key, same_secret, session_key_digest};
 use crate::store::sm::Shared;
-use crate::typ::{NodeId, Raft};
+use crate::typ::{NodeAddr, NodeId, Raft, default_peer_addr};
 
 /// The longest an acquire may wait in one call: one hour. Longer waits are a
 /// loop in the caller, which also notices a lost session in between.
@@ -36,6 +40,7 @@ pub struct Api {
     shared: Arc<Shared>,
     leases: Arc<LeaseKeeper>,
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+    gatekeeper: Arc<Gatekeeper>,
 }
 
 impl Api {
@@ -46,6 +51,7 @@ impl Api {
         shared: Arc<Shared>,
         leases: Arc<LeaseKeeper>,
         committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+        gatekeeper: Arc<Gatekeeper>,
     ) -> Self {
         Api {
             raft,
@@ -53,7 +59,50 @@ impl Api {
             shared,
             leases,
             committed,
+            gatekeeper,
         }
+    }
+
+    fn owner_of(&self, session: SessionId) -> Option<SessionOwner> {
+        let machine = self.shared.machine.read().expect("poisoned");
+        machine.session_owner(session).cloned()
+    }
+
+    /// Refuses unless `caller` opened `session` and `key` is its key.
+    ///
+    /// A session absent from this node's state may be committed but not yet
+    /// applied (a new leader): it is looked up again after a linearizable
+    /// barrier, and only then called unknown.
+    async fn check_owner(
+        &self,
+        caller: &Caller,
+        session: SessionId,
+        key: &[u8],
+    ) -> Result<(), Status> {
+        let owner = match self.owner_of(session) {
+            Some(owner) => owner,
+            None => {
+                self.linearize().await?;
+                self.owner_of(session).ok_or_else(|| {
+                    ErrorCode::UnknownSession.status(format!("unknown session {session}"))
+                })?
+            }
+        };
+        let digest = session_key_digest(key);
+        if owner.key_sha256.is_empty()
+            || !same_secret(digest.as_bytes(), owner.key_sha256.as_bytes())
+        {
+            return Err(self.gatekeeper.refused(
+                ErrorCode::Unauthenticated.status(format!("wrong key for session {session}")),
+            ));
+        }
+        if owner.identity != caller.identity {
+            return Err(self.gatekeeper.refused(
+                ErrorCode::PermissionDenied
+                    .status(format!("session {session} belongs to another identity")),
+            ));
+        }
+        Ok(())
     }
 
     /// The `Locks` service.
@@ -213,11 +262,17 @@ impl Locks for Api {
         &self,
         req: Request<CreateSessionRequest>,
     ) -> Result<Response<CreateSessionResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
         let r = req.into_inner();
+        let key = new_session_key();
         let applied = self
             .propose(Command::CreateSession {
                 ttl_ms: r.ttl_ms,
                 label: r.label,
+                owner: SessionOwner {
+                    identity: caller.identity.clone(),
+                    key_sha256: session_key_digest(&key),
+                },
             })
             .await?;
         match applied.outcome {
@@ -227,6 +282,7 @@ impl Locks for Api {
                 Ok(Response::new(CreateSessionResponse {
                     session_id: session.0,
                     ttl_ms: r.ttl_ms,
+                    session_key: key,
                 }))
             }
             Ok(other) => Err(unexpected(&other)),
@@ -238,7 +294,10 @@ impl Locks for Api {
         &self,
         req: Request<KeepAliveRequest>,
     ) -> Result<Response<KeepAliveResponse>, Status> {
-        let session = SessionId(req.into_inner().session_id);
+        let caller = self.gatekeeper.admit(&req)?;
+        let r = req.into_inner();
+        let session = SessionId(r.session_id);
+        self.check_owner(&caller, session, &r.session_key).await?;
         let ttl = match self.leases.keep_alive(session) {
             Ok(ttl) => ttl,
             Err(KeepAliveError::NotLeader) => {
@@ -262,7 +321,10 @@ impl Locks for Api {
         &self,
         req: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
-        let session = SessionId(req.into_inner().session_id);
+        let caller = self.gatekeeper.admit(&req)?;
+        let r = req.into_inner();
+        let session = SessionId(r.session_id);
+        self.check_owner(&caller, session, &r.session_key).await?;
         let applied = self.propose(Command::CloseSession { session }).await?;
         applied.outcome.map_err(|e| machine_status(&e))?;
         Ok(Response::new(CloseSessionResponse {}))
@@ -272,6 +334,7 @@ impl Locks for Api {
         &self,
         req: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
         let r = req.into_inner();
         let session = SessionId(r.session_id);
         let wait = Duration::from_millis(r.wait_ms);
@@ -281,6 +344,10 @@ impl Locks for Api {
             )));
         }
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
+        caller
+            .may_lock(&r.name)
+            .map_err(|s| self.gatekeeper.refused(s))?;
+        self.check_owner(&caller, session, &r.session_key).await?;
         // Registered before proposing: a grant applied between the proposal and
         // the registration would otherwise be missed.
         let granted = self.shared.watch_grant(session, &r.name);
@@ -378,9 +445,15 @@ impl Locks for Api {
         &self,
         req: Request<CancelAcquireRequest>,
     ) -> Result<Response<CancelAcquireResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
-        cancel(self, SessionId(r.session_id), r.name).await?;
+        caller
+            .may_lock(&r.name)
+            .map_err(|s| self.gatekeeper.refused(s))?;
+        let session = SessionId(r.session_id);
+        self.check_owner(&caller, session, &r.session_key).await?;
+        cancel(self, session, r.name).await?;
         Ok(Response::new(CancelAcquireResponse {}))
     }
 
@@ -388,9 +461,15 @@ impl Locks for Api {
         &self,
         req: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
         let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
+        caller
+            .may_lock(&r.name)
+            .map_err(|s| self.gatekeeper.refused(s))?;
+        self.check_owner(&caller, SessionId(r.session_id), &r.session_key)
+            .await?;
         let applied = self
             .propose(Command::Release {
                 session: SessionId(r.session_id),
@@ -403,8 +482,12 @@ impl Locks for Api {
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
         let name = req.into_inner().name;
         palisade_core::limits::validate_name(&name).map_err(input)?;
+        caller
+            .may_read(&name)
+            .map_err(|s| self.gatekeeper.refused(s))?;
         self.linearize().await?;
         let view = self.shared.machine.read().expect("poisoned").get(&name);
         Ok(Response::new(GetResponse {
@@ -412,11 +495,20 @@ impl Locks for Api {
         }))
     }
 
-    async fn list(&self, _req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+    async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
+        if !caller.reads_something() {
+            return Err(self.gatekeeper.refused(caller.may_read("").unwrap_err()));
+        }
         self.linearize().await?;
         let views = self.shared.machine.read().expect("poisoned").list();
+        // Only the names the caller may read.
         Ok(Response::new(ListResponse {
-            locks: views.into_iter().map(|v| self.lock_info(v)).collect(),
+            locks: views
+                .into_iter()
+                .filter(|v| caller.can_read(&v.name))
+                .map(|v| self.lock_info(v))
+                .collect(),
         }))
     }
 
@@ -424,9 +516,13 @@ impl Locks for Api {
         &self,
         req: Request<CheckTokenRequest>,
     ) -> Result<Response<CheckTokenResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
         let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
+        caller
+            .may_read(&r.name)
+            .map_err(|s| self.gatekeeper.refused(s))?;
         self.linearize().await?;
         let machine = self.shared.machine.read().expect("poisoned");
         let current = machine.get(&r.name).and_then(|v| v.token);
@@ -442,14 +538,16 @@ impl Locks for Api {
 
     async fn status(
         &self,
-        _req: Request<StatusRequest>,
+        req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
+        let _caller = self.gatekeeper.admit(&req)?;
         let m = self.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-        let member = |(id, n): (&NodeId, &BasicNode)| Member {
+        let member = |(id, n): (&NodeId, &NodeAddr)| Member {
             id: *id,
             addr: n.addr.clone(),
+            peer_addr: n.peer(),
         };
         Ok(Response::new(StatusResponse {
             id: m.id,
@@ -478,15 +576,19 @@ impl Cluster for Api {
         &self,
         req: Request<AddLearnerRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
+        caller
+            .may_administer()
+            .map_err(|s| self.gatekeeper.refused(s))?;
         let r = req.into_inner();
-        if r.id == 0 || !r.addr.contains(':') {
-            return Err(input("a learner needs an id > 0 and an address HOST:PORT"));
-        }
-        match self
-            .raft
-            .add_learner(r.id, BasicNode { addr: r.addr }, true)
-            .await
+        if r.id == 0
+            || !r.addr.contains(':')
+            || !(r.peer_addr.is_empty() || r.peer_addr.contains(':'))
         {
+            return Err(input("a learner needs an id > 0 and addresses HOST:PORT"));
+        }
+        let node = NodeAddr::new(r.addr, r.peer_addr);
+        match self.raft.add_learner(r.id, node, true).await {
             Ok(resp) => Ok(Response::new(MembershipResponse {
                 log_index: resp.log_id.index,
             })),
@@ -501,6 +603,10 @@ impl Cluster for Api {
         &self,
         req: Request<ChangeMembershipRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
+        caller
+            .may_administer()
+            .map_err(|s| self.gatekeeper.refused(s))?;
         let voters: BTreeSet<NodeId> = req.into_inner().voters.into_iter().collect();
         if voters.is_empty() || voters.contains(&0) {
             return Err(input("voters must be non-empty node ids > 0"));
@@ -518,11 +624,12 @@ impl Cluster for Api {
     }
 }
 
-/// Parses `1=HOST:PORT,2=HOST:PORT`.
+/// Parses `1=HOST:PORT,2=HOST:PORT/PEERHOST:PEERPORT`: each node's client
+/// address and, after a slash, its peer address (default: the client port + 1).
 ///
 /// # Errors
 /// A message naming the malformed part.
-pub fn parse_initial_cluster(s: &str) -> Result<BTreeMap<NodeId, BasicNode>, String> {
+pub fn parse_initial_cluster(s: &str) -> Result<BTreeMap<NodeId, NodeAddr>, String> {
     let mut nodes = BTreeMap::new();
     for part in s.split(',').filter(|p| !p.trim().is_empty()) {
         let (id, addr) = part
@@ -532,18 +639,19 @@ pub fn parse_initial_cluster(s: &str) -> Result<BTreeMap<NodeId, BasicNode>, Str
             .trim()
             .parse()
             .map_err(|_| format!("{part:?}: bad node id"))?;
-        if id == 0 || !addr.contains(':') {
-            return Err(format!("{part:?}: expected ID>0 and HOST:PORT"));
+        let (addr, peer) = match addr.trim().split_once('/') {
+            Some((addr, peer)) => (addr.to_owned(), peer.to_owned()),
+            None => (
+                addr.trim().to_owned(),
+                default_peer_addr(addr.trim()).unwrap_or_default(),
+            ),
+        };
+        if id == 0 || !addr.contains(':') || !peer.contains(':') {
+            return Err(format!(
+                "{part:?}: expected ID>0 and HOST:PORT[/PEERHOST:PEERPORT]"
+            ));
         }
-        if nodes
-            .insert(
-                id,
-                BasicNode {
-                    addr: addr.trim().to_owned(),
-                },
-            )
-            .is_some()
-        {
+        if nodes.insert(id, NodeAddr::new(addr, peer)).is_some() {
             return Err(format!("node id {id} listed twice"));
         }
     }

@@ -13,6 +13,7 @@ pub struct PalisadeNode {
     bin: PathBuf,
     id: u64,
     port: u16,
+    peer_port: u16,
     dir: tempfile::TempDir,
     initial_cluster: Option<String>,
     extra_args: Vec<String>,
@@ -30,6 +31,7 @@ impl PalisadeNode {
             bin: bin.to_owned(),
             id,
             port: free_port()?,
+            peer_port: free_port()?,
             dir: tempfile::tempdir()?,
             initial_cluster: None,
             extra_args: Vec::new(),
@@ -52,17 +54,32 @@ impl PalisadeNode {
     /// # Errors
     /// When a node does not start.
     pub fn cluster(bin: &Path, n: u64, extra_args: &[&str]) -> std::io::Result<Vec<Self>> {
+        Self::cluster_with(bin, n, |_| {
+            extra_args.iter().map(|s| s.to_string()).collect()
+        })
+    }
+
+    /// `n` nodes forming a cluster, all started, node `id` with `args(id)` (its
+    /// own certificate, say).
+    ///
+    /// # Errors
+    /// When a node does not start.
+    pub fn cluster_with(
+        bin: &Path,
+        n: u64,
+        args: impl Fn(u64) -> Vec<String>,
+    ) -> std::io::Result<Vec<Self>> {
         let mut nodes = (1..=n)
             .map(|id| Self::prepare(bin, id))
             .collect::<std::io::Result<Vec<_>>>()?;
         let spec = nodes
             .iter()
-            .map(|n| format!("{}={}", n.id, n.addr()))
+            .map(Self::member_spec)
             .collect::<Vec<_>>()
             .join(",");
         for node in &mut nodes {
             node.initial_cluster = Some(spec.clone());
-            node.extra_args = extra_args.iter().map(|s| s.to_string()).collect();
+            node.extra_args = args(node.id);
         }
         for node in &mut nodes {
             node.start()?;
@@ -84,6 +101,7 @@ impl PalisadeNode {
         let mut cmd = Command::new(&self.bin);
         cmd.arg("serve")
             .args(["--id", &self.id.to_string(), "--listen", &self.addr()])
+            .args(["--listen-peer", &self.peer_addr()])
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .args(&self.extra_args)
@@ -130,9 +148,19 @@ impl PalisadeNode {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// `127.0.0.1:PORT`.
+    /// `127.0.0.1:PORT`: where clients reach it.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:PORT`: where peers reach it.
+    pub fn peer_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.peer_port)
+    }
+
+    /// `ID=ADDR/PEER_ADDR`, as `--initial-cluster` and `cluster add-learner` take it.
+    pub fn member_spec(&self) -> String {
+        format!("{}={}/{}", self.id, self.addr(), self.peer_addr())
     }
 
     /// The node id.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use palisade_client::{AcquireOptions, Admin, Client, ClientConfig};
+use palisade_client::{AcquireOptions, Admin, Client, ClientConfig, TlsOptions};
 use palisade_testkit::PalisadeNode;
 use serde::Serialize;
 
@@ -42,6 +42,10 @@ pub struct ServerBenchArgs {
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     json: bool,
+    /// Measure clusters with TLS on every link (clients by certificate), from a
+    /// CA made for the run; rows say `tls: true`. Not with --endpoints.
+    #[arg(long, conflicts_with = "endpoints")]
+    tls: bool,
     /// Also write the rows (`server-bench.json`) and the acquire and handoff
     /// latency distributions as a picture (`server-latency-cdf.svg`) here.
     #[arg(long)]
@@ -52,6 +56,7 @@ pub struct ServerBenchArgs {
 #[derive(Serialize)]
 struct Row {
     nodes: u64,
+    tls: bool,
     clients: usize,
     workload: &'static str,
     acquire_p50_us: Option<u64>,
@@ -74,32 +79,70 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
     let bar = ProgressBar::new((setups.len() * rows_per_setup) as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
     );
+    let certs = if a.tls {
+        let dir = tempfile::tempdir()?;
+        let out = std::process::Command::new(&exe)
+            .args(["certs", "init"])
+            .arg(dir.path())
+            .args(["--nodes", "5", "--clients", "bench"])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "palisade certs init: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(dir)
+    } else {
+        None
+    };
+    let tls_args = |id: u64| -> Vec<String> {
+        let Some(dir) = &certs else { return Vec::new() };
+        let f = |name: String| dir.path().join(name).to_string_lossy().into_owned();
+        vec![
+            "--tls-cert".into(),
+            f(format!("node-{id}.pem")),
+            "--tls-key".into(),
+            f(format!("node-{id}-key.pem")),
+            "--tls-ca".into(),
+            f("ca.pem".into()),
+        ]
+    };
+    let tls = match &certs {
+        Some(dir) => Some(TlsOptions::from_files(
+            &dir.path().join("ca.pem"),
+            Some((
+                &dir.path().join("client-bench.pem"),
+                &dir.path().join("client-bench-key.pem"),
+            )),
+        )?),
+        None => None,
+    };
     let mut rows = Vec::new();
     let mut curves: Vec<(String, Sorted)> = Vec::new();
     for (n, given) in setups {
         // Kept alive until this setup is measured; killed on drop.
         let (_nodes, endpoints) = if given.is_empty() {
             bar.set_message(format!("starting a {n}-node cluster"));
-            let nodes = if n == 1 {
-                vec![PalisadeNode::single(&exe)?]
-            } else {
-                PalisadeNode::cluster(&exe, n, &[])?
-            };
+            let nodes = PalisadeNode::cluster_with(&exe, n, tls_args)?;
             let endpoints: Vec<String> = nodes.iter().map(PalisadeNode::addr).collect();
             (nodes, endpoints)
         } else {
             (Vec::new(), given)
         };
-        wait_for_leader(&endpoints).await?;
+        let target = &Target {
+            endpoints,
+            tls: tls.clone(),
+        };
+        wait_for_leader(target).await?;
         for &clients in &a.clients {
             bar.set_message(format!("{n} node(s), {clients} uncontended client(s)"));
-            let (row, acq) = uncontended(n, &endpoints, clients, a.duration).await?;
+            let (row, acq) = uncontended(n, target, clients, a.duration).await?;
             curves.push((format!("acquire, {n} node(s) ×{clients}"), acq));
             rows.push(row);
             bar.inc(1);
         }
         bar.set_message(format!("{n} node(s), {} contended clients", a.contenders));
-        let (row, handoff) = contended(n, &endpoints, a.contenders, a.duration).await?;
+        let (row, handoff) = contended(n, target, a.contenders, a.duration).await?;
         curves.push((format!("handoff, {n} node(s) ×{}", a.contenders), handoff));
         rows.push(row);
         bar.inc(1);
@@ -128,14 +171,21 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn config(endpoints: &[String]) -> ClientConfig {
-    let mut c = ClientConfig::new(endpoints.iter().cloned());
+/// The cluster measured, and how to reach it.
+struct Target {
+    endpoints: Vec<String>,
+    tls: Option<TlsOptions>,
+}
+
+fn config(target: &Target) -> ClientConfig {
+    let mut c = ClientConfig::new(target.endpoints.iter().cloned());
     c.retry_for = Duration::from_secs(30);
+    c.tls = target.tls.clone();
     c
 }
 
-async fn wait_for_leader(endpoints: &[String]) -> Result<()> {
-    let admin = Admin::new(&config(endpoints))?;
+async fn wait_for_leader(target: &Target) -> Result<()> {
+    let admin = Admin::new(&config(target))?;
     let start = Instant::now();
     loop {
         if admin.status().await.is_ok_and(|s| s.leader != 0) {
@@ -151,14 +201,14 @@ async fn wait_for_leader(endpoints: &[String]) -> Result<()> {
 
 async fn uncontended(
     nodes: u64,
-    endpoints: &[String],
+    target: &Target,
     clients: usize,
     duration: Duration,
 ) -> Result<(Row, Sorted)> {
     let mut handles = Vec::new();
     let mut sessions = Vec::new();
     for _ in 0..clients {
-        sessions.push(Client::connect(config(endpoints)).await?);
+        sessions.push(Client::connect(config(target)).await?);
     }
     let start = Instant::now();
     for (i, client) in sessions.into_iter().enumerate() {
@@ -185,6 +235,7 @@ async fn uncontended(
     let acq = acq.sorted();
     let row = Row {
         nodes,
+        tls: target.tls.is_some(),
         clients,
         workload: "uncontended",
         acquire_p50_us: acq.percentile(50.0),
@@ -205,14 +256,14 @@ struct Turn {
 
 async fn contended(
     nodes: u64,
-    endpoints: &[String],
+    target: &Target,
     clients: usize,
     duration: Duration,
 ) -> Result<(Row, Sorted)> {
     let turns = Arc::new(Mutex::new(Vec::<Turn>::new()));
     let mut sessions = Vec::new();
     for _ in 0..clients {
-        sessions.push(Client::connect(config(endpoints)).await?);
+        sessions.push(Client::connect(config(target)).await?);
     }
     let start = Instant::now();
     let mut handles = Vec::new();
@@ -255,6 +306,7 @@ async fn contended(
     let (acq, handoff) = (acq.sorted(), handoff.sorted());
     let row = Row {
         nodes,
+        tls: target.tls.is_some(),
         clients,
         workload: "contended",
         acquire_p50_us: acq.percentile(50.0),
@@ -270,8 +322,9 @@ async fn contended(
 fn print_table(rows: &[Row]) {
     let f = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
     println!(
-        "{:>5} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11}",
+        "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11}",
         "nodes",
+        "tls",
         "clients",
         "workload",
         "acq_p50",
@@ -282,8 +335,9 @@ fn print_table(rows: &[Row]) {
     );
     for r in rows {
         println!(
-            "{:>5} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11}",
+            "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11}",
             r.nodes,
+            if r.tls { "on" } else { "off" },
             r.clients,
             r.workload,
             f(r.acquire_p50_us),

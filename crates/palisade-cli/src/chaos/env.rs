@@ -12,7 +12,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use palisade_chaos::{Event, EventKind, History};
-use palisade_client::{Admin, ClientConfig};
+use palisade_client::{Admin, ClientConfig, TlsOptions};
 use palisade_faultproxy::{FaultProxy, Link};
 use palisade_fence::journal::{Journal, monotonic_us};
 use palisade_testkit::{PalisadeNode, RedisServer, free_port};
@@ -40,16 +40,39 @@ struct Store {
 /// Every server of the drills, started on first use and kept across trials.
 pub struct Env {
     exe: PathBuf,
+    /// With `--tls`: the drill's CA, node and client certificates.
+    certs: Option<tempfile::TempDir>,
     redis: Vec<RedisServer>,
     nodes: Vec<PalisadeNode>,
     stores: HashMap<bool, Store>,
 }
 
 impl Env {
-    /// No servers yet; `exe` is this binary (servers and workers are its subcommands).
-    pub fn new() -> Result<Self> {
+    /// No servers yet; `exe` is this binary (servers and workers are its
+    /// subcommands). With `tls`, the Palisade cluster runs TLS on every link and
+    /// the workers authenticate by certificate.
+    pub fn new(tls: bool) -> Result<Self> {
+        let exe = std::env::current_exe()?;
+        let certs = if tls {
+            let dir = tempfile::tempdir()?;
+            let out = std::process::Command::new(&exe)
+                .args(["certs", "init"])
+                .arg(dir.path())
+                .args(["--nodes", &PALISADE_NODES.to_string(), "--clients", "drill"])
+                .output()?;
+            if !out.status.success() {
+                bail!(
+                    "palisade certs init: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Some(dir)
+        } else {
+            None
+        };
         Ok(Env {
-            exe: std::env::current_exe()?,
+            exe,
+            certs,
             redis: Vec::new(),
             nodes: Vec::new(),
             stores: HashMap::new(),
@@ -80,7 +103,12 @@ impl Env {
             }
             Backend::Palisade => {
                 if self.nodes.is_empty() {
-                    self.nodes = PalisadeNode::cluster(&self.exe, PALISADE_NODES, &[])?;
+                    let certs = self.certs.as_ref().map(|d| d.path().to_owned());
+                    self.nodes = PalisadeNode::cluster_with(&self.exe, PALISADE_NODES, |id| {
+                        certs
+                            .as_deref()
+                            .map_or_else(Vec::new, |dir| node_tls_args(dir, id))
+                    })?;
                 }
                 for n in &mut self.nodes {
                     if n.pid().is_none() {
@@ -133,7 +161,7 @@ impl Env {
 
     /// Waits until the Palisade cluster has a leader that answers.
     pub async fn wait_for_leader(&self) -> Result<u64> {
-        let admin = Admin::new(&ClientConfig::new(self.nodes.iter().map(|n| n.addr())))?;
+        let admin = Admin::new(&self.client_config(self.nodes.iter().map(|n| n.addr()))?)?;
         let started = std::time::Instant::now();
         loop {
             if let Ok(status) = admin.status().await
@@ -158,8 +186,8 @@ impl Env {
         let admins = self
             .nodes
             .iter()
-            .map(|n| Admin::new(&ClientConfig::new([n.addr()])))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|n| Ok(Admin::new(&self.client_config([n.addr()])?)?))
+            .collect::<Result<Vec<_>>>()?;
         let mut target = None;
         loop {
             let mut answers = Vec::new();
@@ -191,6 +219,17 @@ impl Env {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// A client configuration for the drill's cluster (with its client
+    /// certificate under `--tls`).
+    fn client_config(&self, addrs: impl IntoIterator<Item = String>) -> Result<ClientConfig> {
+        let mut config = ClientConfig::new(addrs);
+        if let Some(dir) = &self.certs {
+            let (ca, cert, key) = client_tls_files(dir.path());
+            config.tls = Some(TlsOptions::from_files(&ca, Some((&cert, &key)))?);
+        }
+        Ok(config)
     }
 
     /// The Redis servers (index 0 is "redis 1").
@@ -245,6 +284,7 @@ pub struct Trial {
     journal: PathBuf,
     redis_urls: Vec<SocketAddr>,
     node_addrs: Vec<String>,
+    certs: Option<PathBuf>,
 }
 
 /// Options of one worker process.
@@ -300,6 +340,7 @@ impl Trial {
                 .map(|r| palisade_testkit::loopback(r.port()))
                 .collect(),
             node_addrs: env.nodes.iter().map(PalisadeNode::addr).collect(),
+            certs: env.certs.as_ref().map(|d| d.path().to_owned()),
         })
     }
 
@@ -359,6 +400,15 @@ impl Trial {
             .args(["--ttl-ms", &self.ttl.as_millis().to_string()]);
         if !address_map.is_empty() {
             cmd.args(["--address-map", &address_map.join(",")]);
+        }
+        if let (Backend::Palisade, Some(dir)) = (self.backend, &self.certs) {
+            let (ca, cert, key) = client_tls_files(dir);
+            cmd.arg("--ca")
+                .arg(ca)
+                .arg("--cert")
+                .arg(cert)
+                .arg("--key")
+                .arg(key);
         }
         if self.fenced {
             cmd.arg("--fenced");
@@ -657,4 +707,26 @@ fn process_state(stat: &Path) -> Option<char> {
     // The command name is in parentheses and may contain spaces; the state follows.
     let after = &text[text.rfind(')')? + 1..];
     after.trim_start().chars().next()
+}
+
+/// `serve`'s TLS flags for node `id`, certificates from `palisade certs init DIR`.
+fn node_tls_args(dir: &Path, id: u64) -> Vec<String> {
+    let file = |name: String| dir.join(name).to_string_lossy().into_owned();
+    vec![
+        "--tls-cert".into(),
+        file(format!("node-{id}.pem")),
+        "--tls-key".into(),
+        file(format!("node-{id}-key.pem")),
+        "--tls-ca".into(),
+        file("ca.pem".into()),
+    ]
+}
+
+/// The CA, certificate and key of the drill's client.
+fn client_tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    (
+        dir.join("ca.pem"),
+        dir.join("client-drill.pem"),
+        dir.join("client-drill-key.pem"),
+    )
 }

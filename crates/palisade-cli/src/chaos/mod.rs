@@ -59,6 +59,10 @@ pub struct ChaosArgs {
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
+    /// Run the Palisade cluster with TLS on every link (peers by mutual TLS,
+    /// workers by client certificate), from a CA made for the run.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// One scenario × variant × backend × fencing to run.
@@ -193,7 +197,7 @@ pub async fn run(a: ChaosArgs) -> Result<i32> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} trials · {elapsed} · {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut env = Env::new()?;
+    let mut env = Env::new(a.tls)?;
     let mut outcomes = Vec::new();
     let mut trial_number = 0u64;
     for cell in cells {

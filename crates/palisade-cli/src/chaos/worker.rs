@@ -9,6 +9,7 @@
 //! lock's token. The write's body names the client, the lock and the values, so
 //! the store's journal alone tells the harness every write it decided on.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,7 +17,7 @@ use clap::{Args, ValueEnum};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use palisade_chaos::EventKind;
-use palisade_client::{Client, ClientConfig, ClientError, FencedGuard};
+use palisade_client::{Client, ClientConfig, ClientError, FencedGuard, TlsOptions};
 use palisade_fence::journal::monotonic_us;
 use palisade_redis::{RedisGuard, Redlock, RedlockConfig};
 use serde::{Deserialize, Serialize};
@@ -83,6 +84,15 @@ pub struct WorkerArgs {
     /// Redlock's delayed-restart rule: ignore nodes younger than this.
     #[arg(long)]
     pub min_uptime_ms: Option<u64>,
+    /// Palisade with TLS: the cluster's CA.
+    #[arg(long, requires_all = ["cert", "key"])]
+    pub ca: Option<PathBuf>,
+    /// Palisade with TLS: this client's certificate.
+    #[arg(long)]
+    pub cert: Option<PathBuf>,
+    /// Palisade with TLS: the key of `--cert`.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
 }
 
 /// What the harness asks a worker to do.
@@ -197,7 +207,7 @@ fn instant_us(at: Instant) -> u64 {
 
 enum Locker {
     Redis(Redlock),
-    Palisade(Option<Client>, ClientConfig),
+    Palisade(Option<Client>, Box<ClientConfig>),
 }
 
 enum Held {
@@ -245,13 +255,16 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
             config.rpc_timeout = Duration::from_millis(500);
             config.retry_for = Duration::from_secs(10);
             config.label = format!("drill client {}", a.client);
+            if let (Some(ca), Some(cert), Some(key)) = (&a.ca, &a.cert, &a.key) {
+                config.tls = Some(TlsOptions::from_files(ca, Some((cert, key)))?);
+            }
             for pair in &a.address_map {
                 let (from, to) = pair
                     .split_once('=')
                     .with_context(|| format!("--address-map {pair:?}: expected A=B"))?;
                 config.address_map.insert(from.to_owned(), to.to_owned());
             }
-            Locker::Palisade(None, config)
+            Locker::Palisade(None, Box::new(config))
         }
     };
     let mut held: Option<(String, Held)> = None;
@@ -334,7 +347,7 @@ async fn acquire(
             // A session that died (paused past its TTL, cut off) cannot be revived:
             // open a new one, as an application would.
             if client.as_ref().is_none_or(|c| c.remaining().is_zero()) {
-                match Client::connect(config.clone()).await {
+                match Client::connect((**config).clone()).await {
                     Ok(c) => *client = Some(c),
                     Err(e) => {
                         event(EventKind::AcquireFail { lock: lock.into() });

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::MAX_WAITERS_PER_LOCK;
 use super::command::{
-    Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId,
+    Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId, SessionOwner,
 };
 use super::error::MachineError;
 use super::state::{Holder, LockMachine, LockState, SessionState, Waiter};
@@ -83,7 +83,11 @@ impl LockMachine {
     fn apply_at(&mut self, index: u64, cmd: Command) -> Applied {
         let mut grants = Vec::new();
         let outcome = match cmd {
-            Command::CreateSession { ttl_ms, label } => self.create_session(index, ttl_ms, label),
+            Command::CreateSession {
+                ttl_ms,
+                label,
+                owner,
+            } => self.create_session(index, ttl_ms, label, owner),
             Command::CloseSession { session } => {
                 self.end_session(index, session, false, &mut grants)
             }
@@ -123,7 +127,13 @@ impl LockMachine {
             .ok_or(MachineError::UnknownSession { session })
     }
 
-    fn create_session(&mut self, index: u64, ttl_ms: u64, label: String) -> Outcome {
+    fn create_session(
+        &mut self,
+        index: u64,
+        ttl_ms: u64,
+        label: String,
+        owner: SessionOwner,
+    ) -> Outcome {
         validate_ttl(Duration::from_millis(ttl_ms))?;
         if label.len() > MAX_LABEL_LEN {
             return Err(MachineError::LabelTooLong {
@@ -142,6 +152,7 @@ impl LockMachine {
             SessionState {
                 ttl_ms,
                 label,
+                owner,
                 held: BTreeSet::new(),
                 waiting: BTreeSet::new(),
             },

@@ -20,6 +20,20 @@ impl fmt::Display for SessionId {
     }
 }
 
+/// The owner of a session: only a caller with this identity that presents the
+/// key whose SHA-256 is `key_sha256` may act on the session. Checked by the
+/// service before it proposes a command; the machine only stores it (it is
+/// immutable, and session ids are never reused, so a check against any applied
+/// state that has the session is sound).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOwner {
+    /// The caller's identity (empty when the cluster runs without authentication).
+    pub identity: String,
+    /// Lower-case hex SHA-256 of the session key (empty only for sessions created
+    /// before keys existed; such a session accepts no key).
+    pub key_sha256: String,
+}
+
 /// One log entry's worth of change to the lock state.
 ///
 /// Only the leader proposes these; the three session-ending and delay-ending
@@ -36,6 +50,11 @@ pub enum Command {
         /// Free text for operators (host, pid, purpose), at most
         /// [`MAX_LABEL_LEN`](super::MAX_LABEL_LEN) bytes.
         label: String,
+        /// Who may use the session: the authenticated identity that opened it,
+        /// and the digest of the key it was given. The leader chose the key at
+        /// random before proposing; only its digest is written to the log.
+        #[serde(default)]
+        owner: SessionOwner,
     },
     /// Clean goodbye: releases everything the session holds, hands each lock to its
     /// next waiter, drops its waits. Never starts a lock-delay, since the holder

@@ -53,7 +53,9 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use command::{Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId};
+pub use command::{
+    Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId, SessionOwner,
+};
 pub use error::{InvariantViolation, MachineError, SnapshotError};
 pub use state::LockMachine;
 pub use view::{LockView, SessionView, TokenCheck};

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::command::SessionId;
+use super::command::{SessionId, SessionOwner};
 use super::error::{InvariantViolation, SnapshotError};
 use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
 use super::{MAX_WAITERS_PER_LOCK, wire};
@@ -28,6 +28,8 @@ pub struct LockMachine {
 pub(super) struct SessionState {
     pub(super) ttl_ms: u64,
     pub(super) label: String,
+    #[serde(default)]
+    pub(super) owner: SessionOwner,
     /// Mirrors of the lock table, so ending a session and enforcing
     /// [`MAX_LOCKS_PER_SESSION`] need not scan every lock.
     pub(super) held: BTreeSet<String>,

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{Grant, SessionId};
+use super::command::{Grant, SessionId, SessionOwner};
 use super::state::{LockMachine, LockState, SessionState};
 use crate::FencingToken;
 
@@ -38,6 +38,8 @@ pub struct SessionView {
     pub ttl_ms: u64,
     /// Its operator-facing label.
     pub label: String,
+    /// Who may act on it.
+    pub owner: SessionOwner,
     /// Locks it holds, by name, sorted.
     pub held: Vec<String>,
     /// Locks it is queued for, by name, sorted.
@@ -77,6 +79,7 @@ fn session_view(id: SessionId, s: &SessionState) -> SessionView {
         id,
         ttl_ms: s.ttl_ms,
         label: s.label.clone(),
+        owner: s.owner.clone(),
         held: s.held.iter().cloned().collect(),
         waiting: s.waiting.iter().cloned().collect(),
     }
@@ -99,6 +102,11 @@ impl LockMachine {
     /// The session `id`, if it is alive.
     pub fn session(&self, id: SessionId) -> Option<SessionView> {
         self.sessions.get(&id).map(|s| session_view(id, s))
+    }
+
+    /// Who may act on a live session (cheaper than [`LockMachine::session`]).
+    pub fn session_owner(&self, id: SessionId) -> Option<&SessionOwner> {
+        self.sessions.get(&id).map(|s| &s.owner)
     }
 
     /// Every live session, sorted by id.

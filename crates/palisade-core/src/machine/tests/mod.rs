@@ -76,6 +76,7 @@ fn create(ttl_ms: u64, label: &str) -> Command {
     Command::CreateSession {
         ttl_ms,
         label: label.to_owned(),
+        owner: Default::default(),
     }
 }
 

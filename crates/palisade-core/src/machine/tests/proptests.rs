@@ -76,6 +76,7 @@ fn command(op: &Op, ids: &[SessionId], m: &LockMachine) -> Command {
         Op::Create => Command::CreateSession {
             ttl_ms: 1_000,
             label: String::new(),
+            owner: Default::default(),
         },
         Op::Close(who) => Command::CloseSession { session: pick(who) },
         Op::Expire(who) => Command::ExpireSession { session: pick(who) },

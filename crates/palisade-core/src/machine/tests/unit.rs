@@ -536,6 +536,7 @@ fn views_are_sorted_and_complete() {
             id: a,
             ttl_ms: 5_000,
             label: "worker-1".into(),
+            owner: Default::default(),
             held: vec!["m".into(), "z".into()],
             waiting: vec![],
         })
@@ -808,4 +809,37 @@ fn end_lock_delay_names_the_delay_it_ends() {
     });
     assert_eq!(ended.grants.len(), 1);
     assert_eq!(ended.grants[0].session, b);
+}
+
+#[test]
+fn a_session_keeps_its_owner_through_snapshots_and_old_entries_have_none() {
+    let mut h = Harness::new();
+    let owner = SessionOwner {
+        identity: "nightly".into(),
+        key_sha256: "ab".repeat(32),
+    };
+    let s = match h
+        .apply(Command::CreateSession {
+            ttl_ms: 5_000,
+            label: String::new(),
+            owner: owner.clone(),
+        })
+        .outcome
+    {
+        Ok(Reply::SessionCreated { session }) => session,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(h.m.session_owner(s), Some(&owner));
+    let restored = LockMachine::from_snapshot_bytes(&h.m.to_snapshot_bytes()).unwrap();
+    assert_eq!(restored.session_owner(s), Some(&owner));
+    assert_eq!(restored.session_owner(SessionId(s.0 + 1)), None);
+    // An entry written before sessions had owners reads as owned by nobody:
+    // no key matches its empty digest, so nobody can act on it.
+    let old: Command =
+        serde_json::from_str(r#"{"op":"create_session","ttl_ms":1000,"label":"x"}"#).unwrap();
+    let s2 = match h.apply(old).outcome {
+        Ok(Reply::SessionCreated { session }) => session,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(h.m.session_owner(s2), Some(&SessionOwner::default()));
 }

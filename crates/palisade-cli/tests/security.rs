@@ -1,0 +1,690 @@
+//! Security end to end: a 3-node cluster with TLS on every link, a policy file,
+//! and an outsider who tries each attack that worked on a plaintext cluster.
+//! Every refusal is checked by its error code; every "nothing changed" by
+//! reading the state back. No assertion depends on how fast the machine is.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use palisade_client::{
+    AcquireOptions, Admin, Client, ClientConfig, ClientError, FencingToken, TlsOptions,
+};
+use palisade_proto::ErrorCode;
+use palisade_proto::v1::cluster_client::ClusterClient;
+use palisade_proto::v1::locks_client::LocksClient;
+use palisade_proto::v1::raft_client::RaftClient;
+use palisade_proto::v1::{
+    AcquireRequest, ChangeMembershipRequest, CloseSessionRequest, CreateSessionRequest,
+    KeepAliveRequest, ListRequest, RaftPayload, ReleaseRequest,
+};
+use palisade_testkit::PalisadeNode;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_palisade"))
+}
+
+const POLICY: &str = r#"
+[roles.jobs]
+lock = ["jobs/"]
+read = ["jobs/"]
+[roles.reader]
+read = [""]
+[roles.ops]
+read = [""]
+admin = true
+
+[[users]]
+name = "nightly"
+roles = ["jobs"]
+[[users]]
+name = "reader"
+roles = ["reader"]
+[[users]]
+name = "admin"
+roles = ["ops", "jobs"]
+[[users]]
+name = "intruder"
+roles = ["jobs"]
+[[users]]
+name = "batch"
+token_sha256 = ["TOKEN_DIGEST"]
+roles = ["jobs"]
+"#;
+
+/// The bearer token of user "batch" in these tests.
+const BATCH_TOKEN: &str = "0123456789abcdef0123456789abcdef-batch";
+
+fn palisade(args: &[&str]) {
+    let out = Command::new(bin()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "palisade {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Certificates (`palisade certs`), a policy file and a started TLS cluster.
+struct SecureCluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<PalisadeNode>,
+}
+
+impl SecureCluster {
+    fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        let c = certs.to_str().unwrap();
+        palisade(&[
+            "certs",
+            "init",
+            c,
+            "--nodes",
+            "3",
+            "--clients",
+            "admin,nightly,reader,intruder",
+        ]);
+        palisade(&["certs", "node", c, "9"]);
+        palisade(&["certs", "client", c, "stale", "--expired"]);
+        let other = dir.path().join("other-ca");
+        palisade(&[
+            "certs",
+            "init",
+            other.to_str().unwrap(),
+            "--nodes",
+            "1",
+            "--clients",
+            "nightly",
+        ]);
+        let digest = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(BATCH_TOKEN.as_bytes()))
+        };
+        let policy = dir.path().join("policy.toml");
+        std::fs::write(&policy, POLICY.replace("TOKEN_DIGEST", &digest)).unwrap();
+        std::fs::write(dir.path().join("batch.token"), BATCH_TOKEN).unwrap();
+        let policy_arg = policy.to_str().unwrap().to_owned();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let certs2 = certs.clone();
+        let nodes = PalisadeNode::cluster_with(bin(), 3, move |id| {
+            let f = |name: &str| certs2.join(name).to_str().unwrap().to_owned();
+            let mut args = vec![
+                "--tls-cert".into(),
+                f(&format!("node-{id}.pem")),
+                "--tls-key".into(),
+                f(&format!("node-{id}-key.pem")),
+                "--tls-ca".into(),
+                f("ca.pem"),
+                "--auth".into(),
+                policy_arg.clone(),
+            ];
+            args.extend(extra.iter().cloned());
+            args
+        })
+        .unwrap();
+        SecureCluster { dir, nodes }
+    }
+
+    fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(PalisadeNode::addr).collect()
+    }
+
+    /// A client configuration that authenticates as `name` by certificate.
+    fn config_as(&self, name: &str) -> ClientConfig {
+        let certs = self.certs();
+        let mut c = ClientConfig::new(self.addrs());
+        c.tls = Some(
+            TlsOptions::from_files(
+                &certs.join("ca.pem"),
+                Some((
+                    &certs.join(format!("client-{name}.pem")),
+                    &certs.join(format!("client-{name}-key.pem")),
+                )),
+            )
+            .unwrap(),
+        );
+        c.retry_for = Duration::from_secs(30);
+        c
+    }
+
+    /// A configuration that speaks TLS but offers no credentials.
+    fn config_anonymous(&self) -> ClientConfig {
+        let mut c = ClientConfig::new(self.addrs());
+        c.tls = Some(TlsOptions::from_files(&self.certs().join("ca.pem"), None).unwrap());
+        c.retry_for = Duration::from_secs(5);
+        c
+    }
+
+    /// A raw gRPC channel to `addr` with TLS, presenting `identity` (cert, key
+    /// file names in the certs directory) if any.
+    async fn raw(&self, addr: &str, identity: Option<(&str, &str)>) -> Channel {
+        let certs = self.certs();
+        let read = |n: &str| std::fs::read(certs.join(n)).unwrap();
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read("ca.pem")));
+        if let Some((cert, key)) = identity {
+            tls = tls.identity(Identity::from_pem(read(cert), read(key)));
+        }
+        Endpoint::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    async fn leader(&self) -> u64 {
+        let admin = Admin::new(&self.config_as("admin")).unwrap();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            if let Ok(s) = admin.status().await {
+                if s.leader != 0 {
+                    return s.leader;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no leader");
+    }
+}
+
+fn code(status: &tonic::Status) -> Option<ErrorCode> {
+    ErrorCode::of(status)
+}
+
+/// A Raft message as a forger would write it: openraft's JSON.
+fn forged_vote(term: u64, node: u64) -> RaftPayload {
+    let json = format!(
+        r#"{{"vote":{{"leader_id":{{"term":{term},"node_id":{node}}},"committed":false}},"last_log_id":{{"leader_id":{{"term":{term},"node_id":{node}}},"index":1000000}}}}"#
+    );
+    RaftPayload {
+        json: json.into_bytes(),
+    }
+}
+
+fn forged_append(term: u64, node: u64) -> RaftPayload {
+    let json = format!(
+        r#"{{"vote":{{"leader_id":{{"term":{term},"node_id":{node}}},"committed":true}},"prev_log_id":null,"entries":[],"leader_commit":null}}"#
+    );
+    RaftPayload {
+        json: json.into_bytes(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outsider_changes_nothing_and_the_cluster_keeps_its_leader_and_locks() {
+    let cluster = SecureCluster::start(&[]);
+    let leader = cluster.leader().await;
+    let victim = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    let held = victim
+        .acquire("jobs/nightly", &AcquireOptions::default())
+        .await
+        .unwrap();
+    let token = held.token().get();
+    let term_before = Admin::new(&cluster.config_as("admin"))
+        .unwrap()
+        .status()
+        .await
+        .unwrap()
+        .term;
+
+    // What `List` shows the intruder (who may read jobs/): the victim's session
+    // id and token. Not enough to act as the victim.
+    let addr = cluster.nodes[(leader - 1) as usize].addr();
+    let intruder = cluster
+        .raw(
+            &addr,
+            Some(("client-intruder.pem", "client-intruder-key.pem")),
+        )
+        .await;
+    let mut locks = LocksClient::new(intruder.clone());
+    let listed = locks.list(ListRequest {}).await.unwrap().into_inner().locks;
+    let info = listed.iter().find(|l| l.name == "jobs/nightly").unwrap();
+    assert_eq!(info.token, token);
+    let victim_session = info.holder_session;
+    assert_eq!(victim_session, victim.session_id());
+
+    let anonymous = cluster.raw(&addr, None).await;
+    for round in 0..3 {
+        // With the intruder's own certificate (authenticated, may lock jobs/):
+        // the victim's session cannot be used without its key...
+        for key in [Vec::new(), vec![0u8; 16]] {
+            let e = locks
+                .release(ReleaseRequest {
+                    session_id: victim_session,
+                    name: "jobs/nightly".into(),
+                    token,
+                    session_key: key.clone(),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+            let e = locks
+                .keep_alive(KeepAliveRequest {
+                    session_id: victim_session,
+                    session_key: key.clone(),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+            let e = locks
+                .close_session(CloseSessionRequest {
+                    session_id: victim_session,
+                    session_key: key.clone(),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+            let e = locks
+                .acquire(AcquireRequest {
+                    session_id: victim_session,
+                    name: "jobs/other".into(),
+                    wait_ms: 0,
+                    lock_delay_ms: 0,
+                    session_key: key,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+        }
+        // ...nor can guessed session ids near it.
+        for guess in victim_session.saturating_sub(3)..victim_session + 3 {
+            let e = locks
+                .keep_alive(KeepAliveRequest {
+                    session_id: guess,
+                    session_key: vec![round; 16],
+                })
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    code(&e),
+                    Some(ErrorCode::Unauthenticated | ErrorCode::UnknownSession)
+                ),
+                "{e:?}"
+            );
+        }
+        // Membership changes need admin.
+        let e = ClusterClient::new(intruder.clone())
+            .change_membership(ChangeMembershipRequest { voters: vec![9] })
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), Some(ErrorCode::PermissionDenied), "{e:?}");
+
+        // With TLS but no credentials at all: nothing.
+        let mut anon = LocksClient::new(anonymous.clone());
+        let e = anon
+            .create_session(CreateSessionRequest {
+                ttl_ms: 10_000,
+                label: "x".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+        let e = anon
+            .release(ReleaseRequest {
+                session_id: victim_session,
+                name: "jobs/nightly".into(),
+                token,
+                session_key: vec![],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+        let e = ClusterClient::new(anonymous.clone())
+            .change_membership(ChangeMembershipRequest { voters: vec![9] })
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+
+        // The Raft service is not on the client port at all.
+        let e = RaftClient::new(intruder.clone())
+            .vote(forged_vote(99, 99))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+
+        // On the peer port: a client certificate is not a node's...
+        for node in &cluster.nodes {
+            let peer = cluster
+                .raw(
+                    &node.peer_addr(),
+                    Some(("client-intruder.pem", "client-intruder-key.pem")),
+                )
+                .await;
+            let e = RaftClient::new(peer.clone())
+                .append_entries(forged_append(99, 99))
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+            // ...a node certificate of the CA that is not a member is refused...
+            let stranger = cluster
+                .raw(&node.peer_addr(), Some(("node-9.pem", "node-9-key.pem")))
+                .await;
+            let e = RaftClient::new(stranger.clone())
+                .vote(forged_vote(99, 9))
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::PermissionDenied), "{e:?}");
+            let e = RaftClient::new(stranger)
+                .append_entries(forged_append(99, 9))
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::PermissionDenied), "{e:?}");
+            // ...and a member cannot speak in another node's name.
+            let other = if node.id() == 2 { 3 } else { 2 };
+            let member = cluster
+                .raw(
+                    &node.peer_addr(),
+                    Some((
+                        &format!("node-{other}.pem"),
+                        &format!("node-{other}-key.pem"),
+                    )),
+                )
+                .await;
+            let e = RaftClient::new(member)
+                .append_entries(forged_append(99, 99))
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), Some(ErrorCode::PermissionDenied), "{e:?}");
+        }
+        // No certificate at all on the peer port: the TLS handshake fails.
+        let peer = cluster.nodes[0].peer_addr();
+        let no_cert = Endpoint::from_shared(format!("https://{peer}"))
+            .unwrap()
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(
+                std::fs::read(cluster.certs().join("ca.pem")).unwrap(),
+            )))
+            .unwrap()
+            .connect()
+            .await;
+        if let Ok(channel) = no_cert {
+            // TLS 1.3 may finish the client's side before the server's refusal
+            // arrives; then the first call fails.
+            assert!(
+                RaftClient::new(channel)
+                    .vote(forged_vote(99, 99))
+                    .await
+                    .is_err()
+            );
+        }
+        // Plaintext to a TLS port: refused, and harmless.
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        assert!(
+            LocksClient::new(channel)
+                .list(ListRequest {})
+                .await
+                .is_err()
+        );
+    }
+
+    // Nothing changed: same leader and term, the victim still holds its lock
+    // with the same token, its session still lives, membership is intact.
+    let admin = Admin::new(&cluster.config_as("admin")).unwrap();
+    let status = admin.status().await.unwrap();
+    // A forged vote or heartbeat that got through would have moved the term to
+    // 99 and named leader 99 or 9. (An ordinary election on a loaded machine may
+    // move the term by a little; that is not what this checks.)
+    assert!(status.term < 99, "term {} (was {term_before})", status.term);
+    assert!((1..=3).contains(&status.leader), "leader {}", status.leader);
+    if status.leader != leader {
+        eprintln!(
+            "note: leadership moved from {leader} to {} (an ordinary election)",
+            status.leader
+        );
+    }
+    assert_eq!(
+        status.members.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    let info = victim.get("jobs/nightly").await.unwrap().unwrap();
+    assert_eq!(
+        (info.holder_session, info.token),
+        (victim.session_id(), token)
+    );
+    assert!(!victim.remaining().is_zero());
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_grant_locks_and_reads_by_prefix() {
+    let cluster = SecureCluster::start(&[]);
+    let nightly = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    let g = nightly
+        .acquire("jobs/nightly", &AcquireOptions::default())
+        .await
+        .unwrap();
+    let e = nightly
+        .acquire("billing/ledger", &AcquireOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+
+    // A read role lists and checks tokens, but cannot lock.
+    let reader = Client::connect(cluster.config_as("reader")).await.unwrap();
+    let e = reader
+        .acquire("jobs/nightly", &AcquireOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+    let admin = Admin::new(&cluster.config_as("reader")).unwrap();
+    let listed = admin.list().await.unwrap();
+    assert_eq!(
+        listed.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        ["jobs/nightly"]
+    );
+    let (current, _) = admin.check_token("jobs/nightly", g.token()).await.unwrap();
+    assert!(current);
+    let e = admin.change_membership(&[1, 2]).await.unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+
+    // nightly reads only jobs/: it cannot check a billing token.
+    let as_nightly = Admin::new(&cluster.config_as("nightly")).unwrap();
+    let e = as_nightly
+        .check_token("billing/ledger", FencingToken::new(1).unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_are_refused_with_a_clear_error() {
+    let cluster = SecureCluster::start(&[]);
+    let certs = cluster.certs();
+
+    // No credentials over TLS.
+    let e = Client::connect(cluster.config_anonymous())
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, ClientError::Unauthenticated(_)), "{e:?}");
+
+    // A node's certificate on the client port.
+    let mut c = cluster.config_as("nightly");
+    c.tls = Some(
+        TlsOptions::from_files(
+            &certs.join("ca.pem"),
+            Some((&certs.join("node-1.pem"), &certs.join("node-1-key.pem"))),
+        )
+        .unwrap(),
+    );
+    let e = Client::connect(c).await.err().unwrap();
+    assert!(matches!(e, ClientError::Unauthenticated(_)), "{e:?}");
+
+    // Bearer tokens: right, wrong, and refused by the client without TLS.
+    let mut c = cluster.config_anonymous();
+    c.bearer_token = Some(BATCH_TOKEN.into());
+    let batch = Client::connect(c).await.unwrap();
+    batch
+        .acquire("jobs/batch", &AcquireOptions::default())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut c = cluster.config_anonymous();
+    c.bearer_token = Some("not-the-token".into());
+    let e = Client::connect(c).await.err().unwrap();
+    assert!(matches!(e, ClientError::Unauthenticated(_)), "{e:?}");
+    let mut c = ClientConfig::new(cluster.addrs());
+    c.bearer_token = Some(BATCH_TOKEN.into());
+    assert!(matches!(
+        Client::connect(c).await.err().unwrap(),
+        ClientError::InvalidInput(_)
+    ));
+
+    // Expired, or from another CA: the handshake fails, nothing is served.
+    for (ca_dir, name) in [
+        (certs.clone(), "stale"),
+        (cluster.dir.path().join("other-ca"), "nightly"),
+    ] {
+        let mut c = cluster.config_anonymous();
+        c.retry_for = Duration::from_secs(1);
+        c.tls = Some(
+            TlsOptions::from_files(
+                &certs.join("ca.pem"),
+                Some((
+                    &ca_dir.join(format!("client-{name}.pem")),
+                    &ca_dir.join(format!("client-{name}-key.pem")),
+                )),
+            )
+            .unwrap(),
+        );
+        let e = Client::connect(c).await.err().unwrap();
+        assert!(
+            matches!(
+                e,
+                ClientError::Unavailable(_) | ClientError::Unauthenticated(_)
+            ),
+            "{name}: {e:?}"
+        );
+    }
+
+    // Garbage bytes on the TLS port are dropped without harming others.
+    for node in &cluster.nodes {
+        let mut s = TcpStream::connect(node.addr()).unwrap();
+        let _ = s.write_all(b"\x16\x03\x01garbage that is not a TLS hello\r\n\r\n");
+    }
+    let nightly = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    nightly
+        .acquire("jobs/after-garbage", &AcquireOptions::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_is_refused_after_sighup() {
+    let cluster = SecureCluster::start(&[]);
+    let token_file = cluster.dir.path().join("batch.token");
+    // The CLI takes the same options: --ca and --token-file.
+    let lock = |name: &str| {
+        Command::new(bin())
+            .args(["lock", name, "--ca"])
+            .arg(cluster.certs().join("ca.pem"))
+            .arg("--token-file")
+            .arg(&token_file)
+            .args(["--", "sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
+            .env("PALISADE_ENDPOINTS", cluster.addrs().join(","))
+            .output()
+            .unwrap()
+    };
+    let out = lock("jobs/cli");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = lock("billing/cli");
+    assert_eq!(out.status.code(), Some(75), "not obtained");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+
+    // Revoke: the token's line goes, every node re-reads the file on SIGHUP.
+    let policy = cluster.dir.path().join("policy.toml");
+    let text = std::fs::read_to_string(&policy).unwrap();
+    let revoked: String = text
+        .lines()
+        .filter(|l| !l.starts_with("token_sha256"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&policy, revoked).unwrap();
+    for node in &cluster.nodes {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(node.pid().unwrap() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .unwrap();
+    }
+    let start = Instant::now();
+    loop {
+        let out = lock("jobs/cli");
+        if out.status.code() == Some(75)
+            && String::from_utf8_lossy(&out.stderr).contains("unauthenticated")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the revoked token still works: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_excess_connections_are_closed() {
+    let cluster = SecureCluster::start(&["--idle-timeout", "2s", "--max-connections", "16"]);
+    let addr = cluster.nodes[0].addr();
+    // Connections that never speak: closed by the server (after the handshake
+    // deadline), not held forever.
+    let mut idle: Vec<TcpStream> = (0..16)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    // The listener is full: one more is closed at once.
+    let mut extra = TcpStream::connect(&addr).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    assert!(closed_by_server(&mut extra), "the 17th connection was kept");
+    for (i, s) in idle.iter_mut().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        assert!(
+            closed_by_server(s),
+            "idle connection {i} still open after 60 s"
+        );
+    }
+    // Slots are free again: a real client is served.
+    let c = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    c.acquire("jobs/after-idle", &AcquireOptions::default())
+        .await
+        .unwrap();
+}
+
+/// Whether the server closed the connection (EOF or reset) rather than the
+/// read timing out.
+fn closed_by_server(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            // A TLS alert, say: keep reading until the close.
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+            }
+        }
+    }
+}

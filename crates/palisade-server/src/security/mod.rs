@@ -1,0 +1,421 @@
+//! Who may talk to a node, and what they may do.
+//!
+//! - **Two listeners.** Clients on `--listen`, peers on `--listen-peer`; the
+//!   `Raft` service exists only on the peer listener, `Locks` and `Cluster` only
+//!   on the client listener.
+//! - **TLS** (rustls, through tonic) on both when `--tls-cert/--tls-key/--tls-ca`
+//!   are given. On the peer listener a client certificate of the cluster's CA is
+//!   required and must name a member (`palisade:node:ID`); the node id in every
+//!   Raft message must be the certificate's ([`PeerCheck`]).
+//! - **Clients** prove who they are by a certificate of the CA or by a bearer
+//!   token (never over plaintext); the policy file ([`acl`]) gives each identity
+//!   its rights by lock-name prefix. Without a policy file every authenticated
+//!   identity may do everything; without TLS (loopback only, or `--insecure`)
+//!   nobody is asked who they are.
+//! - **Sessions belong to their owner**: a session's key (128 random bits) and
+//!   its opener's identity are checked on every call that uses it.
+//! - **Limits** ([`conn`]): connections per listener, idle connections,
+//!   calls in flight per identity.
+
+pub mod acl;
+pub mod conn;
+pub mod identity;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+
+use palisade_proto::ErrorCode;
+use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::{Request, Status};
+
+use self::acl::{Grants, Policy};
+use self::conn::{CallGuard, Counters, Limits};
+use self::identity::{Principal, conn_info, peer_certs, principal_of};
+
+/// The PEM files of a node's TLS identity.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The node's certificate (it must name the node: `palisade:node:ID`).
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The cluster's CA: it signs every node and client certificate.
+    pub ca: PathBuf,
+}
+
+/// A node's security settings.
+#[derive(Debug, Clone, Default)]
+pub struct SecurityConfig {
+    /// TLS on both listeners; `None`: plaintext.
+    pub tls: Option<TlsFiles>,
+    /// The policy file; `None`: every authenticated caller may do everything.
+    pub policy: Option<PathBuf>,
+    /// Bounds on connections and calls.
+    pub limits: Limits,
+}
+
+/// Loaded TLS material.
+#[derive(Clone)]
+pub struct Tls {
+    identity: Identity,
+    ca: Certificate,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+impl Tls {
+    /// Reads the PEM files.
+    ///
+    /// # Errors
+    /// A message naming the file that could not be read.
+    pub fn load(files: &TlsFiles) -> Result<Tls, String> {
+        Ok(Tls {
+            identity: Identity::from_pem(read(&files.cert)?, read(&files.key)?),
+            ca: Certificate::from_pem(read(&files.ca)?),
+        })
+    }
+
+    /// For the client listener: a client certificate is verified when presented
+    /// but not required (bearer tokens are the other way in).
+    pub fn client_listener(&self, limits: &Limits) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(self.identity.clone())
+            .client_ca_root(self.ca.clone())
+            .client_auth_optional(true)
+            .timeout(limits.handshake_timeout)
+    }
+
+    /// For the peer listener: a certificate of the cluster's CA is required.
+    pub fn peer_listener(&self, limits: &Limits) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(self.identity.clone())
+            .client_ca_root(self.ca.clone())
+            .timeout(limits.handshake_timeout)
+    }
+
+    /// For calls to peers: this node's certificate, and only the cluster's CA
+    /// trusted.
+    pub fn to_peers(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .identity(self.identity.clone())
+            .ca_certificate(self.ca.clone())
+    }
+}
+
+/// The digest under which a session key is stored (lower-case hex SHA-256).
+pub fn session_key_digest(key: &[u8]) -> String {
+    hex::encode(Sha256::digest(key))
+}
+
+/// A fresh session key: 128 bits from the OS's generator.
+pub fn new_session_key() -> Vec<u8> {
+    rand::random::<[u8; 16]>().to_vec()
+}
+
+/// Compares without an early exit, so the time taken does not tell how much of
+/// a guessed key was right.
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An admitted call: who made it, what they may do. Holds the caller's call slot
+/// and marks the connection busy until dropped.
+pub struct Caller {
+    /// The authenticated identity; empty on an open (plaintext) node.
+    pub identity: String,
+    grants: Arc<Grants>,
+    _slot: Option<OwnedSemaphorePermit>,
+    _busy: Option<CallGuard>,
+}
+
+impl Caller {
+    fn deny(&self, what: &str) -> Status {
+        ErrorCode::PermissionDenied.status(format!("identity {:?} may not {what}", self.identity))
+    }
+
+    /// Refuses unless the caller may lock `name`.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn may_lock(&self, name: &str) -> Result<(), Status> {
+        if self.grants.may_lock(name) {
+            Ok(())
+        } else {
+            Err(self.deny(&format!("lock {name:?}")))
+        }
+    }
+
+    /// Refuses unless the caller may read `name`.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn may_read(&self, name: &str) -> Result<(), Status> {
+        if self.grants.may_read(name) {
+            Ok(())
+        } else {
+            Err(self.deny(&format!("read {name:?}")))
+        }
+    }
+
+    /// Whether the caller may read `name` (for filtering lists).
+    pub fn can_read(&self, name: &str) -> bool {
+        self.grants.may_read(name)
+    }
+
+    /// Whether the caller may read anything at all.
+    pub fn reads_something(&self) -> bool {
+        !self.grants.read.is_empty()
+    }
+
+    /// Refuses unless the caller has the admin role.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn may_administer(&self) -> Result<(), Status> {
+        if self.grants.admin {
+            Ok(())
+        } else {
+            Err(self.deny("change membership (needs admin)"))
+        }
+    }
+}
+
+/// Authenticates and admits client calls.
+pub struct Gatekeeper {
+    tls: bool,
+    policy_path: Option<PathBuf>,
+    policy: RwLock<Option<Arc<Policy>>>,
+    limits: Limits,
+    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// What was turned away.
+    pub counters: Arc<Counters>,
+}
+
+impl Gatekeeper {
+    /// Reads the policy file, if any.
+    ///
+    /// # Errors
+    /// A message when the policy cannot be read or is inconsistent, or when a
+    /// policy is given without TLS (nobody could authenticate).
+    pub fn new(config: &SecurityConfig, counters: Arc<Counters>) -> Result<Gatekeeper, String> {
+        if config.policy.is_some() && config.tls.is_none() {
+            return Err("a policy file needs TLS: without it no caller can authenticate (certificates need TLS, bearer tokens are refused over plaintext)".into());
+        }
+        let policy = config
+            .policy
+            .as_deref()
+            .map(Policy::load)
+            .transpose()?
+            .map(Arc::new);
+        Ok(Gatekeeper {
+            tls: config.tls.is_some(),
+            policy_path: config.policy.clone(),
+            policy: RwLock::new(policy),
+            limits: config.limits,
+            slots: Mutex::new(HashMap::new()),
+            counters,
+        })
+    }
+
+    /// Whether callers must authenticate.
+    pub fn is_open(&self) -> bool {
+        !self.tls
+    }
+
+    /// Re-reads the policy file (on SIGHUP). On error the old policy stays.
+    ///
+    /// # Errors
+    /// The reason the new file was not taken.
+    pub fn reload(&self) -> Result<usize, String> {
+        let Some(path) = &self.policy_path else {
+            return Ok(0);
+        };
+        let policy = Policy::load(path)?;
+        let users = policy.user_count();
+        *self.policy.write().expect("poisoned") = Some(Arc::new(policy));
+        Ok(users)
+    }
+
+    fn refuse(&self, peer: &str, status: Status) -> Status {
+        self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer, code = ?status.code(), reason = status.message(), "call refused");
+        status
+    }
+
+    /// Establishes who made the call, takes one of its call slots and marks the
+    /// connection busy.
+    ///
+    /// # Errors
+    /// `unauthenticated` (no, bad or misplaced credentials) or `limit_reached`
+    /// (too many calls in flight for this identity).
+    pub fn admit<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        let conn = conn_info(req);
+        let peer = conn
+            .and_then(|c| c.remote)
+            .map_or_else(|| "?".to_owned(), |a| a.to_string());
+        let unauthenticated =
+            |why: &str| self.refuse(&peer, ErrorCode::Unauthenticated.status(why));
+        let policy = self.policy.read().expect("poisoned").clone();
+        let identity = if let Some(certs) = peer_certs(req) {
+            match principal_of(&certs[0]) {
+                Ok(Principal::Client(name)) => name,
+                Ok(Principal::Node(id)) => {
+                    return Err(unauthenticated(&format!(
+                        "the certificate of node {id} is for the peer port, not the client port"
+                    )));
+                }
+                Err(why) => return Err(unauthenticated(&why)),
+            }
+        } else if let Some(auth) = req.metadata().get("authorization") {
+            if !self.tls {
+                return Err(unauthenticated(
+                    "bearer tokens are refused over plaintext: they would travel in the clear",
+                ));
+            }
+            let token = auth
+                .to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .ok_or_else(|| unauthenticated("authorization must be `Bearer TOKEN`"))?;
+            match policy.as_ref().and_then(|p| p.user_of_token(token)) {
+                Some(user) => user.to_owned(),
+                None => return Err(unauthenticated("unknown or revoked bearer token")),
+            }
+        } else if self.tls {
+            return Err(unauthenticated(
+                "this node requires a client certificate of its CA or a bearer token",
+            ));
+        } else {
+            String::new()
+        };
+        let grants = match &policy {
+            None => Arc::new(Grants::all()),
+            Some(p) => Arc::new(p.grants(&identity).cloned().unwrap_or_default()),
+        };
+        let slot = {
+            let mut slots = self.slots.lock().expect("poisoned");
+            slots
+                .entry(identity.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.limits.max_calls_per_identity)))
+                .clone()
+        }
+        .try_acquire_owned()
+        .map_err(|_| {
+            self.counters.refused_calls.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                peer,
+                identity,
+                limit = self.limits.max_calls_per_identity,
+                "call refused: too many in flight"
+            );
+            ErrorCode::LimitReached.status(format!(
+                "identity {identity:?} has {} calls in flight, the limit",
+                self.limits.max_calls_per_identity
+            ))
+        })?;
+        Ok(Caller {
+            identity,
+            grants,
+            _slot: Some(slot),
+            _busy: conn.map(|c| c.begin_call()),
+        })
+    }
+
+    /// Logs and counts a refusal made after admission (permission, session key).
+    pub fn refused(&self, status: Status) -> Status {
+        self.refuse("-", status)
+    }
+}
+
+/// Checks that peer traffic comes from a member node.
+#[derive(Clone)]
+pub struct PeerCheck {
+    /// Whether peers present certificates (TLS on).
+    pub tls: bool,
+    /// What was turned away.
+    pub counters: Arc<Counters>,
+}
+
+impl PeerCheck {
+    /// The node id the caller's certificate names, or `None` without TLS.
+    /// `is_member` says whether an id is in this node's current membership
+    /// (a node that has none yet, before it joined, accepts any node of the CA).
+    ///
+    /// # Errors
+    /// `unauthenticated` for a certificate that names no node;
+    /// `permission_denied` for a node that is not a member.
+    pub fn node_of<T>(
+        &self,
+        req: &Request<T>,
+        is_member: impl Fn(u64) -> bool,
+    ) -> Result<Option<u64>, Status> {
+        let _busy = conn_info(req).map(|c| c.begin_call());
+        if !self.tls {
+            return Ok(None);
+        }
+        let refuse = |status: Status| {
+            self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+            let peer = conn_info(req).and_then(|c| c.remote);
+            tracing::warn!(?peer, reason = status.message(), "raft message refused");
+            status
+        };
+        let certs = peer_certs(req).ok_or_else(|| {
+            refuse(ErrorCode::Unauthenticated.status("raft traffic needs a node certificate"))
+        })?;
+        match principal_of(&certs[0]) {
+            Ok(Principal::Node(id)) if is_member(id) => Ok(Some(id)),
+            Ok(Principal::Node(id)) => Err(refuse(
+                ErrorCode::PermissionDenied.status(format!("node {id} is not a member")),
+            )),
+            Ok(Principal::Client(name)) => Err(refuse(ErrorCode::Unauthenticated.status(format!(
+                "client certificate {name:?} presented on the peer port"
+            )))),
+            Err(why) => Err(refuse(ErrorCode::Unauthenticated.status(why))),
+        }
+    }
+
+    /// Refuses a Raft message whose sender id differs from the certificate's.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn same_sender(&self, cert: Option<u64>, claimed: Option<u64>) -> Result<(), Status> {
+        match cert {
+            Some(id) if claimed != Some(id) => {
+                self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(cert = id, ?claimed, "raft message claims another sender");
+                Err(ErrorCode::PermissionDenied.status(format!(
+                    "node {id} sent a message in the name of {claimed:?}"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_by_content_and_length() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"ab"));
+        assert!(!same_secret(b"", b"a"));
+    }
+
+    #[test]
+    fn session_keys_are_fresh_and_digests_stable() {
+        let (a, b) = (new_session_key(), new_session_key());
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, b);
+        assert_eq!(session_key_digest(&a), session_key_digest(&a));
+        assert_eq!(session_key_digest(&a).len(), 64);
+    }
+}
