@@ -19,7 +19,7 @@ use palisade_testkit::{PalisadeNode, free_port};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::fence_cmd::{FencingArg, request};
+use crate::fence_cmd::{FencingArg, StoreAddr, request};
 
 /// The demos.
 #[derive(Subcommand)]
@@ -81,7 +81,7 @@ async fn essay_client(a: ClientArgs) -> Result<i32> {
         kill(Pid::this(), Signal::SIGSTOP)?;
     }
     let body = format!("written by {} with token {token}", a.name);
-    let reply = request("PUT", &a.store, KEY, Some(token), &body).await?;
+    let reply = request("PUT", &StoreAddr::plain(&a.store), KEY, Some(token), &body).await?;
     println!("WRITE {} {}", reply.status, reply.body);
     std::mem::forget(guard);
     Ok(0)
@@ -229,7 +229,7 @@ async fn essay(a: EssayArgs) -> Result<i32> {
     );
     c1.wait().await?;
 
-    let stored = request("GET", &store_addr, KEY, None, "").await?;
+    let stored = request("GET", &StoreAddr::plain(&store_addr), KEY, None, "").await?;
     t.say(
         "storage",
         format!(

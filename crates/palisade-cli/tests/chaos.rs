@@ -16,10 +16,15 @@ const TRIALS: u64 = 2;
 type Rows = HashMap<(String, String, String), Value>;
 
 fn run_drills(out: &Path) -> Rows {
+    run_drills_with(out, &[])
+}
+
+fn run_drills_with(out: &Path, extra: &[&str]) -> Rows {
     let output = Command::new(env!("CARGO_BIN_EXE_palisade"))
         .args(["chaos", "--json", "--seed", "20261203"])
         .args(["--trials", &TRIALS.to_string()])
         .args(["--mixed-duration", "4s"])
+        .args(extra)
         .arg("--out")
         .arg(out)
         .output()
@@ -136,4 +141,24 @@ fn the_drills_show_what_each_backend_does() {
         svgs += 1;
     }
     assert_eq!(svgs, rows.len(), "one timeline per row");
+}
+
+/// The leader-failure drill with TLS on every link (peers by mutual TLS, the
+/// workers by client certificate, the store over HTTPS) keeps every claim.
+#[test]
+fn the_leader_failure_drill_holds_with_tls_on_every_link() {
+    let out = tempfile::tempdir().unwrap();
+    let rows = run_drills_with(out.path(), &["leader-failure", "--tls", "--fencing", "on"]);
+    for scenario in ["leader-failure/kill", "leader-failure/pause"] {
+        let r = row(&rows, scenario, "palisade", "on");
+        assert_eq!(count(r, "trials"), TRIALS, "{scenario}: {r}");
+        assert_eq!(count(r, "stale_writes_accepted"), 0, "{scenario}: {r}");
+        assert_eq!(count(r, "non_monotonic_tokens"), 0, "{scenario}: {r}");
+        assert_eq!(count(r, "lost_updates"), 0, "{scenario}: {r}");
+        assert_eq!(r["linearizable"], Value::Bool(true), "{scenario}: {r}");
+        assert!(
+            count(r, "acquire_ok") >= 1,
+            "{scenario}: nothing was granted: {r}"
+        );
+    }
 }

@@ -89,6 +89,8 @@ impl SecureCluster {
         ]);
         palisade(&["certs", "node", c, "9"]);
         palisade(&["certs", "client", c, "stale", "--expired"]);
+        // Signed by the CA, but not in the policy: authenticated, allowed nothing.
+        palisade(&["certs", "client", c, "stranger"]);
         let other = dir.path().join("other-ca");
         palisade(&[
             "certs",
@@ -487,6 +489,22 @@ async fn roles_grant_locks_and_reads_by_prefix() {
     let e = admin.change_membership(&[1, 2]).await.unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
 
+    // A certificate of the CA whose name the policy does not know may do nothing.
+    let stranger = Client::connect(cluster.config_as("stranger"))
+        .await
+        .unwrap();
+    let e = stranger
+        .acquire("jobs/nightly", &AcquireOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+    let e = Admin::new(&cluster.config_as("stranger"))
+        .unwrap()
+        .list()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+
     // nightly reads only jobs/: it cannot check a billing token.
     let as_nightly = Admin::new(&cluster.config_as("nightly")).unwrap();
     let e = as_nightly
@@ -687,4 +705,30 @@ fn closed_by_server(s: &mut TcpStream) -> bool {
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_node_refuses_bearer_tokens_and_serves_raft_only_on_the_peer_port() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let channel = Endpoint::from_shared(format!("http://{}", node.addr()))
+        .unwrap()
+        .connect_lazy();
+    let mut req = tonic::Request::new(CreateSessionRequest {
+        ttl_ms: 10_000,
+        label: "token in the clear".into(),
+    });
+    req.metadata_mut()
+        .insert("authorization", "Bearer some-token".parse().unwrap());
+    let e = LocksClient::new(channel.clone())
+        .create_session(req)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), Some(ErrorCode::Unauthenticated), "{e:?}");
+    // Without TLS nobody is asked who they are, but the Raft service is still
+    // only on the peer listener.
+    let e = RaftClient::new(channel)
+        .vote(forged_vote(99, 99))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
 }

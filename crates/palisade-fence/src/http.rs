@@ -46,6 +46,9 @@ pub enum ServeError {
     /// The listener failed.
     #[error("fence-store server: {0}")]
     Io(#[from] std::io::Error),
+    /// The TLS certificate or key is unusable.
+    #[error("fence-store TLS: {0}")]
+    Tls(String),
 }
 
 /// Serves the fenced object store in `data_dir` (created if missing) on
@@ -80,6 +83,81 @@ pub async fn serve_store(
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())
+}
+
+/// The TLS settings of a store that serves HTTPS: its certificate chain and key,
+/// PEM files (`palisade certs init` makes node certificates that fit).
+///
+/// # Errors
+/// [`ServeError::Tls`] naming the file that is unreadable or not PEM.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, ServeError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let tls = |path: &Path, e: &dyn std::fmt::Display| {
+        ServeError::Tls(format!("{}: {e}", path.display()))
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| tls(cert, &e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls(cert, &e))?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| tls(key, &e))?;
+    let mut config = tokio_rustls::rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|e| tls(cert, &e))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+}
+
+/// Serves an opened `store` over HTTPS on `listener` until `shutdown` completes.
+/// A client that does not finish its handshake within 10 s is dropped; a bad
+/// handshake (plaintext, garbage) affects only its own connection.
+///
+/// # Errors
+/// [`ServeError::Io`] if the listener fails.
+pub async fn serve_store_tls(
+    listener: tokio::net::TcpListener,
+    store: ObjectStore,
+    acceptor: tokio_rustls::TlsAcceptor,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    let fencing = store.fencing();
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, ?fencing, "fence-store listening (TLS)");
+    }
+    let app = router(store);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = &mut shutdown => return Ok(()),
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            let handshake =
+                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
+            let stream = match handshake.await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let service = TowerToHyperService::new(app);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
 }
 
 /// The HTTP routes over `store` (for tests, or to mount under another router).

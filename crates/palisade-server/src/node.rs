@@ -163,11 +163,19 @@ pub async fn run(
     let gatekeeper = Arc::new(
         Gatekeeper::new(&config.security, counters.clone()).map_err(ServerError::Security)?,
     );
+    // SO_REUSEADDR, as tokio's own `bind` sets it: a node restarted at once
+    // after a crash must get its ports back despite connections in TIME_WAIT.
     let bind = |addr: SocketAddr| {
-        let std = std::net::TcpListener::bind(addr)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|source| ServerError::Bind { addr, source })?;
-        tokio::net::TcpListener::from_std(std).map_err(|source| ServerError::Bind { addr, source })
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        };
+        socket
+            .and_then(|s| s.set_reuseaddr(true).map(|()| s))
+            .and_then(|s| s.bind(addr).map(|()| s))
+            .and_then(|s| s.listen(1024))
+            .map_err(|source| ServerError::Bind { addr, source })
     };
     let client_listener = bind(config.listen)?;
     let peer_listener = bind(config.listen_peer)?;

@@ -139,6 +139,16 @@ impl Env {
             .arg(dir.path().join("objects"))
             .arg("--journal")
             .arg(&journal)
+            .args(self.certs.as_ref().map_or_else(Vec::new, |d| {
+                // The store's certificate: any of the CA's that names 127.0.0.1.
+                let f = |n: &str| d.path().join(n).to_string_lossy().into_owned();
+                vec![
+                    "--tls-cert".into(),
+                    f("node-1.pem"),
+                    "--tls-key".into(),
+                    f("node-1-key.pem"),
+                ]
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -401,14 +411,12 @@ impl Trial {
         if !address_map.is_empty() {
             cmd.args(["--address-map", &address_map.join(",")]);
         }
-        if let (Backend::Palisade, Some(dir)) = (self.backend, &self.certs) {
+        if let Some(dir) = &self.certs {
             let (ca, cert, key) = client_tls_files(dir);
-            cmd.arg("--ca")
-                .arg(ca)
-                .arg("--cert")
-                .arg(cert)
-                .arg("--key")
-                .arg(key);
+            cmd.arg("--ca").arg(ca);
+            if self.backend == Backend::Palisade {
+                cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+            }
         }
         if self.fenced {
             cmd.arg("--fenced");

@@ -23,7 +23,7 @@ use palisade_redis::{RedisGuard, Redlock, RedlockConfig};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 
-use crate::fence_cmd::request;
+use crate::fence_cmd::{StoreAddr, request};
 
 /// The lock services a drill can test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize)]
@@ -84,14 +84,15 @@ pub struct WorkerArgs {
     /// Redlock's delayed-restart rule: ignore nodes younger than this.
     #[arg(long)]
     pub min_uptime_ms: Option<u64>,
-    /// Palisade with TLS: the cluster's CA.
-    #[arg(long, requires_all = ["cert", "key"])]
+    /// TLS: the drill's CA. The store is reached over HTTPS, and with
+    /// `--cert/--key` the Palisade cluster over TLS too.
+    #[arg(long)]
     pub ca: Option<PathBuf>,
     /// Palisade with TLS: this client's certificate.
-    #[arg(long)]
+    #[arg(long, requires_all = ["ca", "key"])]
     pub cert: Option<PathBuf>,
     /// Palisade with TLS: the key of `--cert`.
-    #[arg(long)]
+    #[arg(long, requires = "cert")]
     pub key: Option<PathBuf>,
 }
 
@@ -445,7 +446,11 @@ async fn increment(
         return Ok((false, "the lease ran out before the write".into()));
     }
     let token = if a.fenced { h.token() } else { None };
-    let read = request("GET", &a.store, key, token, "").await?;
+    let store = match &a.ca {
+        Some(ca) => StoreAddr::tls(&a.store, ca)?,
+        None => StoreAddr::plain(&a.store),
+    };
+    let read = request("GET", &store, key, token, "").await?;
     let value = match read.status {
         200 => {
             serde_json::from_str::<CounterWrite>(&read.body)
@@ -476,7 +481,7 @@ async fn increment(
     // An unfenced store ignores the token but the API requires one; efficiency
     // locks have none, so they present 1.
     let presented = h.token().unwrap_or(1);
-    let reply = request("PUT", &a.store, key, Some(presented), &body).await?;
+    let reply = request("PUT", &store, key, Some(presented), &body).await?;
     Ok(match reply.status {
         200 => (true, "accepted".into()),
         409 => (false, "rejected: stale token".into()),

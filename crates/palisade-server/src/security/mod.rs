@@ -130,7 +130,7 @@ pub struct Caller {
     /// The authenticated identity; empty on an open (plaintext) node.
     pub identity: String,
     grants: Arc<Grants>,
-    _slot: Option<OwnedSemaphorePermit>,
+    _slot: OwnedSemaphorePermit,
     _busy: Option<CallGuard>,
 }
 
@@ -322,7 +322,7 @@ impl Gatekeeper {
         Ok(Caller {
             identity,
             grants,
-            _slot: Some(slot),
+            _slot: slot,
             _busy: conn.map(|c| c.begin_call()),
         })
     }
