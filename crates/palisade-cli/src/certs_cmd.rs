@@ -1,8 +1,9 @@
 //! `palisade certs …`: a certificate authority for newcomers (rcgen), and bearer
 //! tokens for the policy file.
 //!
-//! Node certificates name their node (`palisade:node:ID` URI) and the hosts it
-//! is reached at; client certificates name their client (`palisade:client:NAME`
+//! Node certificates name their node (`palisade:node:ID` URI, and the DNS name
+//! `node-ID.palisade` that peers expect when they dial it) and the hosts it is
+//! reached at; client certificates name their client (`palisade:client:NAME`
 //! URI and common name). Keys are ECDSA P-256, written with mode 0600.
 
 use std::net::IpAddr;
@@ -161,7 +162,12 @@ fn node_cert(dir: &Path, issuer: &Issuer<'_, KeyPair>, id: u64, hosts: &[String]
     if id == 0 {
         bail!("node ids start at 1");
     }
-    let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    let mut names: Vec<String> = vec![
+        format!("node-{id}.palisade"),
+        "localhost".into(),
+        "127.0.0.1".into(),
+        "::1".into(),
+    ];
     names.extend(hosts.iter().filter(|h| !h.is_empty()).cloned());
     let mut params = CertificateParams::new(names)?;
     params

@@ -247,11 +247,54 @@ async fn an_outsider_changes_nothing_and_the_cluster_keeps_its_leader_and_locks(
         )
         .await;
     let mut locks = LocksClient::new(intruder.clone());
-    let listed = locks.list(ListRequest {}).await.unwrap().into_inner().locks;
+    // Through the client, which follows the leader wherever it is now.
+    let listed = Admin::new(&cluster.config_as("intruder"))
+        .unwrap()
+        .list()
+        .await
+        .unwrap();
     let info = listed.iter().find(|l| l.name == "jobs/nightly").unwrap();
     assert_eq!(info.token, token);
     let victim_session = info.holder_session;
     assert_eq!(victim_session, victim.session_id());
+
+    // Even the right key does not let another identity use a session: a
+    // session nightly opened itself, its key leaked to the intruder.
+    let nightly = cluster
+        .raw(
+            &addr,
+            Some(("client-nightly.pem", "client-nightly-key.pem")),
+        )
+        .await;
+    let opened = LocksClient::new(nightly)
+        .create_session(CreateSessionRequest {
+            ttl_ms: 60_000,
+            label: "leaky".into(),
+        })
+        .await;
+    if let Ok(opened) = opened {
+        let opened = opened.into_inner();
+        let e = locks
+            .acquire(AcquireRequest {
+                session_id: opened.session_id,
+                name: "jobs/leaky".into(),
+                wait_ms: 0,
+                lock_delay_ms: 0,
+                session_key: opened.session_key.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                code(&e),
+                Some(ErrorCode::PermissionDenied | ErrorCode::NotLeader)
+            ),
+            "{e:?}"
+        );
+        if code(&e) == Some(ErrorCode::PermissionDenied) {
+            assert!(e.message().contains("another identity"), "{e:?}");
+        }
+    }
 
     let anonymous = cluster.raw(&addr, None).await;
     for round in 0..3 {
@@ -308,7 +351,11 @@ async fn an_outsider_changes_nothing_and_the_cluster_keeps_its_leader_and_locks(
             assert!(
                 matches!(
                     code(&e),
-                    Some(ErrorCode::Unauthenticated | ErrorCode::UnknownSession)
+                    Some(
+                        ErrorCode::Unauthenticated
+                            | ErrorCode::UnknownSession
+                            | ErrorCode::NotLeader
+                    )
                 ),
                 "{e:?}"
             );
@@ -391,8 +438,9 @@ async fn an_outsider_changes_nothing_and_the_cluster_keeps_its_leader_and_locks(
                     )),
                 )
                 .await;
+            // It claims to be the receiving node itself: a member, not its own id.
             let e = RaftClient::new(member)
-                .append_entries(forged_append(99, 99))
+                .append_entries(forged_append(99, node.id()))
                 .await
                 .unwrap_err();
             assert_eq!(code(&e), Some(ErrorCode::PermissionDenied), "{e:?}");
@@ -471,12 +519,12 @@ async fn roles_grant_locks_and_reads_by_prefix() {
         .unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
 
-    // A read role lists and checks tokens, but cannot lock.
-    let reader = Client::connect(cluster.config_as("reader")).await.unwrap();
-    let e = reader
-        .acquire("jobs/nightly", &AcquireOptions::default())
+    // A read role lists and checks tokens, but cannot lock: without a lock
+    // role it cannot even open a session.
+    let e = Client::connect(cluster.config_as("reader"))
         .await
-        .unwrap_err();
+        .err()
+        .unwrap();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
     let admin = Admin::new(&cluster.config_as("reader")).unwrap();
     let listed = admin.list().await.unwrap();
@@ -489,14 +537,12 @@ async fn roles_grant_locks_and_reads_by_prefix() {
     let e = admin.change_membership(&[1, 2]).await.unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
 
-    // A certificate of the CA whose name the policy does not know may do nothing.
-    let stranger = Client::connect(cluster.config_as("stranger"))
+    // A certificate of the CA whose name the policy does not know may do
+    // nothing: no session, no list.
+    let e = Client::connect(cluster.config_as("stranger"))
         .await
+        .err()
         .unwrap();
-    let e = stranger
-        .acquire("jobs/nightly", &AcquireOptions::default())
-        .await
-        .unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
     let e = Admin::new(&cluster.config_as("stranger"))
         .unwrap()
@@ -731,4 +777,48 @@ async fn a_plaintext_node_refuses_bearer_tokens_and_serves_raft_only_on_the_peer
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_outlasts_the_idle_timeout() {
+    // Idle means no call in flight: a wait longer than --idle-timeout keeps its
+    // connection, and the grant reaches it. Raw calls on one connection, so a
+    // closed connection would show as an error rather than a client's retry.
+    let cluster = SecureCluster::start(&["--idle-timeout", "1s"]);
+    let holder = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    let held = holder
+        .acquire("jobs/slow", &AcquireOptions::default())
+        .await
+        .unwrap();
+    let leader = cluster.leader().await;
+    let addr = cluster.nodes[(leader - 1) as usize].addr();
+    let channel = cluster
+        .raw(&addr, Some(("client-admin.pem", "client-admin-key.pem")))
+        .await;
+    let mut raw = LocksClient::new(channel);
+    let session = raw
+        .create_session(CreateSessionRequest {
+            ttl_ms: 60_000,
+            label: "waiter".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let wait = tokio::spawn(async move {
+        raw.acquire(AcquireRequest {
+            session_id: session.session_id,
+            name: "jobs/slow".into(),
+            wait_ms: 120_000,
+            lock_delay_ms: 0,
+            session_key: session.session_key,
+        })
+        .await
+        .map(|r| r.into_inner().token)
+    });
+    // Longer than the idle timeout, with only the waiting call on its connection.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let first = held.token().get();
+    held.release().await.unwrap();
+    let granted = wait.await.unwrap().expect("the waiter's call was answered");
+    assert!(granted > first);
 }

@@ -58,9 +58,18 @@ impl Connector {
                 .bearer_token
                 .as_deref()
                 .map(|t| {
-                    format!("Bearer {}", t.trim()).parse().map_err(|_| {
-                        ClientError::InvalidInput("the bearer token is not printable ASCII".into())
-                    })
+                    format!("Bearer {}", t.trim())
+                        .parse::<AsciiMetadataValue>()
+                        .map(|mut v| {
+                            // Kept out of debug output and HPACK tables.
+                            v.set_sensitive(true);
+                            v
+                        })
+                        .map_err(|_| {
+                            ClientError::InvalidInput(
+                                "the bearer token is not printable ASCII".into(),
+                            )
+                        })
                 })
                 .transpose()?,
         );

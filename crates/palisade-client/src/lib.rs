@@ -47,7 +47,7 @@ use connector::Connector;
 use session::Session;
 
 /// How to reach the cluster and what session to open.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// Any nodes of the cluster, `HOST:PORT`. The leader is found from there.
     pub endpoints: Vec<String>,
@@ -75,7 +75,7 @@ pub struct ClientConfig {
 }
 
 /// How this client speaks TLS to the nodes.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TlsOptions {
     /// PEM of the CA that signed the nodes' certificates (the only one trusted).
     pub ca_pem: Vec<u8>,
@@ -85,6 +85,42 @@ pub struct TlsOptions {
     /// The name to expect in the nodes' certificates; `None`: the host of each
     /// address dialled.
     pub server_name: Option<String>,
+}
+
+/// Secrets (the bearer token, the private key) never reach debug output.
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("endpoints", &self.endpoints)
+            .field("session_ttl", &self.session_ttl)
+            .field("safety_margin", &self.safety_margin)
+            .field("rpc_timeout", &self.rpc_timeout)
+            .field("retry_for", &self.retry_for)
+            .field("label", &self.label)
+            .field("address_map", &self.address_map)
+            .field("tls", &self.tls)
+            .field(
+                "bearer_token",
+                &self.bearer_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca_pem_bytes", &self.ca_pem.len())
+            .field(
+                "identity",
+                &self
+                    .identity
+                    .as_ref()
+                    .map(|_| "<certificate and key redacted>"),
+            )
+            .field("server_name", &self.server_name)
+            .finish()
+    }
 }
 
 impl TlsOptions {
@@ -442,4 +478,23 @@ async fn check_token(
         })
         .await?;
     Ok((reply.current, FencingToken::new(reply.current_token)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_shows_no_secret() {
+        let mut c = ClientConfig::new(["127.0.0.1:7420"]);
+        c.bearer_token = Some("s3cret-token".into());
+        c.tls = Some(TlsOptions {
+            ca_pem: b"CA".to_vec(),
+            identity: Some((b"CERT".to_vec(), b"PRIVATE-KEY".to_vec())),
+            server_name: None,
+        });
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret-token") && !shown.contains("PRIVATE-KEY"));
+        assert!(shown.contains("127.0.0.1:7420") && shown.contains("redacted"));
+    }
 }

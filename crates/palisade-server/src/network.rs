@@ -7,8 +7,12 @@
 //! for every RPC (openraft's example builds an HTTP client per call).
 //!
 //! With TLS, a node dials peers with its own certificate, trusts only the
-//! cluster's CA, and accepts a Raft message only from a member whose certificate
-//! names the node id the message claims to come from ([`PeerCheck`]).
+//! cluster's CA, and expects the peer's certificate to be valid for
+//! `node-ID.palisade` ([`peer_server_name`]): a certificate of another node of
+//! the same CA cannot answer in the target's place. It accepts a Raft message
+//! only from a member whose certificate names the node id the message claims to
+//! come from ([`PeerCheck`]), checked in an interceptor before the message body
+//! is read.
 
 use std::time::Duration;
 
@@ -23,10 +27,16 @@ use palisade_proto::v1::raft_client::RaftClient;
 use palisade_proto::v1::raft_server;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::sync::Arc;
+
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
 
 use crate::security::PeerCheck;
+use crate::security::conn::CallGuard;
+use crate::security::identity::conn_info;
 use crate::typ::{Node, NodeId, Raft, RaftError, TypeConfig};
 
 /// Makes one [`Peer`] per target node.
@@ -42,7 +52,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerFactory {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let channel = Endpoint::from_shared(format!("{scheme}://{}", node.peer()))
             .and_then(|e| match &self.tls {
-                Some(tls) => e.tls_config(tls.clone()),
+                Some(tls) => e.tls_config(tls.clone().domain_name(peer_server_name(target))),
                 None => Ok(e),
             })
             .map(|e| {
@@ -134,28 +144,73 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// The name a peer's certificate must be valid for when this node dials it.
+/// `palisade certs` writes it into node `id`'s certificate (and no other's).
+pub fn peer_server_name(id: NodeId) -> String {
+    format!("node-{id}.palisade")
+}
+
 /// The server side: hands peers' messages to the local Raft.
 pub struct RaftService {
     raft: Raft,
     check: PeerCheck,
 }
 
-impl RaftService {
-    /// Serves `raft` to peers, admitting them by `check`.
-    pub fn new(raft: Raft, check: PeerCheck) -> raft_server::RaftServer<Self> {
-        raft_server::RaftServer::new(RaftService { raft, check })
-            .max_decoding_message_size(256 * 1024 * 1024)
-    }
+/// What the interceptor learned about the sender, handed to the handler.
+#[derive(Clone)]
+struct Sender {
+    /// The node its certificate names (`None` without TLS).
+    node: Option<NodeId>,
+    /// Keeps the connection marked busy while the message is handled.
+    _busy: Option<Arc<CallGuard>>,
+}
 
-    /// The node id of the sender's certificate (`None` without TLS), if it is a
-    /// member — or any node of the CA while this node has no membership yet.
-    fn sender<T>(&self, req: &Request<T>) -> Result<Option<NodeId>, Status> {
+/// Admits peer traffic before its body is read: the sender's certificate must
+/// name a member (or any node of the CA while this node has no membership yet,
+/// before it joined).
+#[derive(Clone)]
+pub struct PeerGate {
+    raft: Raft,
+    check: PeerCheck,
+}
+
+impl Interceptor for PeerGate {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let busy = conn_info(&req).map(|c| Arc::new(c.begin_call()));
         let membership = self.raft.metrics().borrow().membership_config.clone();
         let members = membership.membership();
         let has_members = members.nodes().next().is_some();
-        self.check
-            .node_of(req, |id| !has_members || members.get_node(&id).is_some())
+        let node = self
+            .check
+            .node_of(&req, |id| !has_members || members.get_node(&id).is_some())?;
+        req.extensions_mut().insert(Sender { node, _busy: busy });
+        Ok(req)
     }
+}
+
+impl RaftService {
+    /// Serves `raft` to peers, admitting them by `check`.
+    pub fn new(
+        raft: Raft,
+        check: PeerCheck,
+    ) -> InterceptedService<raft_server::RaftServer<Self>, PeerGate> {
+        let gate = PeerGate {
+            raft: raft.clone(),
+            check: check.clone(),
+        };
+        InterceptedService::new(
+            raft_server::RaftServer::new(RaftService { raft, check })
+                .max_decoding_message_size(256 * 1024 * 1024),
+            gate,
+        )
+    }
+}
+
+/// The sender the interceptor admitted (kept until the handler returns).
+fn sender<T>(req: &mut Request<T>) -> Result<Sender, Status> {
+    req.extensions_mut()
+        .remove::<Sender>()
+        .ok_or_else(|| Status::internal("raft message not admitted by the peer gate"))
 }
 
 fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
@@ -173,31 +228,31 @@ fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
 impl raft_server::Raft for RaftService {
     async fn append_entries(
         &self,
-        req: Request<RaftPayload>,
+        mut req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let sender = self.sender(&req)?;
+        let sender = sender(&mut req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
         self.check
-            .same_sender(sender, rpc.vote.leader_id().voted_for())?;
+            .same_sender(sender.node, rpc.vote.leader_id().voted_for())?;
         encode(&self.raft.append_entries(rpc).await)
     }
 
-    async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let sender = self.sender(&req)?;
+    async fn vote(&self, mut req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let sender = sender(&mut req)?;
         let rpc: VoteRequest<NodeId> = decode(req)?;
         self.check
-            .same_sender(sender, rpc.vote.leader_id().voted_for())?;
+            .same_sender(sender.node, rpc.vote.leader_id().voted_for())?;
         encode(&self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(
         &self,
-        req: Request<RaftPayload>,
+        mut req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let sender = self.sender(&req)?;
+        let sender = sender(&mut req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
         self.check
-            .same_sender(sender, rpc.vote.leader_id().voted_for())?;
+            .same_sender(sender.node, rpc.vote.leader_id().voted_for())?;
         encode(&self.raft.install_snapshot(rpc).await)
     }
 }

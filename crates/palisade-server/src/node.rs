@@ -284,11 +284,20 @@ pub async fn run(
         .add_service(RaftService::new(raft.clone(), peer_check))
         .serve_with_incoming_shutdown(incoming(peer_listener, limits, counters), stopped(stop_rx));
     let reloads = tokio::spawn(reload_on_hangup(gatekeeper));
+    let stop_on_signal = stop_tx.clone();
     tokio::spawn(async move {
         shutdown.await;
-        let _ = stop_tx.send(true);
+        let _ = stop_on_signal.send(true);
     });
-    let (clients, peers) = tokio::join!(clients, peers);
+    // Whichever listener ends first (shutdown, or a failure) ends the other: a
+    // node must not go on serving clients with its peer listener gone.
+    let stop_both = |served| {
+        let _ = stop_tx.send(true);
+        served
+    };
+    let (clients, peers) = tokio::join!(async { stop_both(clients.await) }, async {
+        stop_both(peers.await)
+    });
     reloads.abort();
     keeper.abort();
     let _ = raft.shutdown().await;

@@ -92,12 +92,12 @@ impl Api {
         if owner.key_sha256.is_empty()
             || !same_secret(digest.as_bytes(), owner.key_sha256.as_bytes())
         {
-            return Err(self.gatekeeper.refused(
+            return Err(caller.refuse(
                 ErrorCode::Unauthenticated.status(format!("wrong key for session {session}")),
             ));
         }
         if owner.identity != caller.identity {
-            return Err(self.gatekeeper.refused(
+            return Err(caller.refuse(
                 ErrorCode::PermissionDenied
                     .status(format!("session {session} belongs to another identity")),
             ));
@@ -263,6 +263,7 @@ impl Locks for Api {
         req: Request<CreateSessionRequest>,
     ) -> Result<Response<CreateSessionResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
+        caller.may_hold_sessions()?;
         let r = req.into_inner();
         let key = new_session_key();
         let applied = self
@@ -295,6 +296,7 @@ impl Locks for Api {
         req: Request<KeepAliveRequest>,
     ) -> Result<Response<KeepAliveResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
+        caller.may_hold_sessions()?;
         let r = req.into_inner();
         let session = SessionId(r.session_id);
         self.check_owner(&caller, session, &r.session_key).await?;
@@ -344,9 +346,7 @@ impl Locks for Api {
             )));
         }
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
-        caller
-            .may_lock(&r.name)
-            .map_err(|s| self.gatekeeper.refused(s))?;
+        caller.may_lock(&r.name)?;
         self.check_owner(&caller, session, &r.session_key).await?;
         // Registered before proposing: a grant applied between the proposal and
         // the registration would otherwise be missed.
@@ -448,9 +448,7 @@ impl Locks for Api {
         let caller = self.gatekeeper.admit(&req)?;
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
-        caller
-            .may_lock(&r.name)
-            .map_err(|s| self.gatekeeper.refused(s))?;
+        caller.may_lock(&r.name)?;
         let session = SessionId(r.session_id);
         self.check_owner(&caller, session, &r.session_key).await?;
         cancel(self, session, r.name).await?;
@@ -465,9 +463,7 @@ impl Locks for Api {
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
         let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
-        caller
-            .may_lock(&r.name)
-            .map_err(|s| self.gatekeeper.refused(s))?;
+        caller.may_lock(&r.name)?;
         self.check_owner(&caller, SessionId(r.session_id), &r.session_key)
             .await?;
         let applied = self
@@ -485,9 +481,7 @@ impl Locks for Api {
         let caller = self.gatekeeper.admit(&req)?;
         let name = req.into_inner().name;
         palisade_core::limits::validate_name(&name).map_err(input)?;
-        caller
-            .may_read(&name)
-            .map_err(|s| self.gatekeeper.refused(s))?;
+        caller.may_read(&name)?;
         self.linearize().await?;
         let view = self.shared.machine.read().expect("poisoned").get(&name);
         Ok(Response::new(GetResponse {
@@ -498,7 +492,7 @@ impl Locks for Api {
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
         if !caller.reads_something() {
-            return Err(self.gatekeeper.refused(caller.may_read("").unwrap_err()));
+            return Err(caller.may_read("").unwrap_err());
         }
         self.linearize().await?;
         let views = self.shared.machine.read().expect("poisoned").list();
@@ -520,9 +514,7 @@ impl Locks for Api {
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
         let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
-        caller
-            .may_read(&r.name)
-            .map_err(|s| self.gatekeeper.refused(s))?;
+        caller.may_read(&r.name)?;
         self.linearize().await?;
         let machine = self.shared.machine.read().expect("poisoned");
         let current = machine.get(&r.name).and_then(|v| v.token);
@@ -577,9 +569,7 @@ impl Cluster for Api {
         req: Request<AddLearnerRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
-        caller
-            .may_administer()
-            .map_err(|s| self.gatekeeper.refused(s))?;
+        caller.may_administer()?;
         let r = req.into_inner();
         if r.id == 0
             || !r.addr.contains(':')
@@ -604,9 +594,7 @@ impl Cluster for Api {
         req: Request<ChangeMembershipRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
-        caller
-            .may_administer()
-            .map_err(|s| self.gatekeeper.refused(s))?;
+        caller.may_administer()?;
         let voters: BTreeSet<NodeId> = req.into_inner().voters.into_iter().collect();
         if voters.is_empty() || voters.contains(&0) {
             return Err(input("voters must be non-empty node ids > 0"));

@@ -129,14 +129,47 @@ pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
 pub struct Caller {
     /// The authenticated identity; empty on an open (plaintext) node.
     pub identity: String,
+    /// The caller's address, for the log.
+    peer: String,
+    counters: Arc<Counters>,
     grants: Arc<Grants>,
     _slot: OwnedSemaphorePermit,
     _busy: Option<CallGuard>,
 }
 
 impl Caller {
+    /// Counts and logs a refusal of this caller's call, and returns it.
+    pub fn refuse(&self, status: Status) -> Status {
+        self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            peer = self.peer,
+            identity = self.identity,
+            code = ?status.code(),
+            reason = status.message(),
+            "call refused"
+        );
+        status
+    }
+
     fn deny(&self, what: &str) -> Status {
-        ErrorCode::PermissionDenied.status(format!("identity {:?} may not {what}", self.identity))
+        self.refuse(
+            ErrorCode::PermissionDenied
+                .status(format!("identity {:?} may not {what}", self.identity)),
+        )
+    }
+
+    /// Refuses unless the caller may hold sessions at all: some `lock` right.
+    /// Checked when a session is opened and on every keep-alive, so an identity
+    /// dropped from the policy (SIGHUP) loses its sessions within one TTL.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn may_hold_sessions(&self) -> Result<(), Status> {
+        if self.grants.lock.is_empty() {
+            Err(self.deny("hold sessions (it has no lock role)"))
+        } else {
+            Ok(())
+        }
     }
 
     /// Refuses unless the caller may lock `name`.
@@ -321,15 +354,12 @@ impl Gatekeeper {
         })?;
         Ok(Caller {
             identity,
+            peer,
+            counters: self.counters.clone(),
             grants,
             _slot: slot,
             _busy: conn.map(|c| c.begin_call()),
         })
-    }
-
-    /// Logs and counts a refusal made after admission (permission, session key).
-    pub fn refused(&self, status: Status) -> Status {
-        self.refuse("-", status)
     }
 }
 
@@ -355,7 +385,6 @@ impl PeerCheck {
         req: &Request<T>,
         is_member: impl Fn(u64) -> bool,
     ) -> Result<Option<u64>, Status> {
-        let _busy = conn_info(req).map(|c| c.begin_call());
         if !self.tls {
             return Ok(None);
         }
