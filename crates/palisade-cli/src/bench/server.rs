@@ -46,6 +46,18 @@ pub struct ServerBenchArgs {
     /// CA made for the run; rows say `tls: true`. Not with --endpoints.
     #[arg(long, conflicts_with = "endpoints")]
     tls: bool,
+    /// With --endpoints: the cluster's CA (TLS).
+    #[arg(long, env = "PALISADE_CA", requires = "endpoints")]
+    ca: Option<std::path::PathBuf>,
+    /// With --endpoints: a client certificate (PEM).
+    #[arg(long, env = "PALISADE_CERT", requires_all = ["endpoints", "key"])]
+    cert: Option<std::path::PathBuf>,
+    /// The key of --cert (PEM).
+    #[arg(long, env = "PALISADE_KEY", requires = "cert")]
+    key: Option<std::path::PathBuf>,
+    /// With --endpoints: a file holding a bearer token.
+    #[arg(long, env = "PALISADE_TOKEN_FILE", requires = "endpoints")]
+    token_file: Option<std::path::PathBuf>,
     /// Also write the rows (`server-bench.json`) and the acquire and handoff
     /// latency distributions as a picture (`server-latency-cdf.svg`) here.
     #[arg(long)]
@@ -107,15 +119,22 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
             f("ca.pem".into()),
         ]
     };
-    let tls = match &certs {
-        Some(dir) => Some(TlsOptions::from_files(
-            &dir.path().join("ca.pem"),
-            Some((
-                &dir.path().join("client-bench.pem"),
-                &dir.path().join("client-bench-key.pem"),
-            )),
-        )?),
-        None => None,
+    let (tls, bearer_token) = match &certs {
+        Some(dir) => (
+            Some(TlsOptions::from_files(
+                &dir.path().join("ca.pem"),
+                Some((
+                    &dir.path().join("client-bench.pem"),
+                    &dir.path().join("client-bench-key.pem"),
+                )),
+            )?),
+            None,
+        ),
+        None => crate::server_cmd::credentials(
+            a.ca.as_deref(),
+            a.cert.as_deref().zip(a.key.as_deref()),
+            a.token_file.as_deref(),
+        )?,
     };
     let mut rows = Vec::new();
     let mut curves: Vec<(String, Sorted)> = Vec::new();
@@ -132,6 +151,7 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
         let target = &Target {
             endpoints,
             tls: tls.clone(),
+            bearer_token: bearer_token.clone(),
         };
         wait_for_leader(target).await?;
         for &clients in &a.clients {
@@ -175,12 +195,14 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
 struct Target {
     endpoints: Vec<String>,
     tls: Option<TlsOptions>,
+    bearer_token: Option<String>,
 }
 
 fn config(target: &Target) -> ClientConfig {
     let mut c = ClientConfig::new(target.endpoints.iter().cloned());
     c.retry_for = Duration::from_secs(30);
     c.tls = target.tls.clone();
+    c.bearer_token = target.bearer_token.clone();
     c
 }
 
