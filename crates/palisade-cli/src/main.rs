@@ -3,6 +3,7 @@
 //! Subcommands map onto the crates: `redis …` drives `palisade-redis`, `bench …`
 //! measures. Exit statuses are in [`exit`] and the README.
 
+mod backends;
 mod bench;
 mod certs_cmd;
 mod chaos;

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use palisade_client::{
-    AcquireOptions, Admin, Client, ClientConfig, ClientError, FencingToken, TlsOptions,
-};
+use palisade_client::{Admin, ClientConfig, ClientError, FencingToken, TlsOptions};
+use palisade_core::{LockError, LockOptions};
+
+use crate::backends::{self, BackendUrl, SessionSpec};
 
 use crate::child::{Ended, run_holding, shell_status};
 use crate::{duration_arg, exit};
@@ -45,12 +46,20 @@ impl Endpoints {
     /// the CA (they are never sent in the clear).
     pub fn config(&self) -> Result<ClientConfig, ClientError> {
         let mut config = ClientConfig::new(self.endpoints.clone());
-        (config.tls, config.bearer_token) = credentials(
+        (config.tls, config.bearer_token) = self.credentials()?;
+        Ok(config)
+    }
+
+    /// The TLS options and bearer token these flags describe.
+    ///
+    /// # Errors
+    /// See [`credentials`].
+    pub fn credentials(&self) -> Result<(Option<TlsOptions>, Option<String>), ClientError> {
+        credentials(
             self.ca.as_deref(),
             self.cert.as_deref().zip(self.key.as_deref()),
             self.token_file.as_deref(),
-        )?;
-        Ok(config)
+        )
     }
 }
 
@@ -155,6 +164,10 @@ pub struct ServeArgs {
 pub struct LockArgs {
     /// The lock name.
     name: String,
+    /// The lock service, by URL: `palisade://HOST:PORT[,…]` (default: the
+    /// Palisade cluster at --endpoints).
+    #[arg(long, env = "PALISADE_BACKEND")]
+    backend: Option<String>,
     #[command(flatten)]
     endpoints: Endpoints,
     /// Session TTL: how long the lock survives this process dying silently.
@@ -307,63 +320,82 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Runs CMD holding the lock.
+/// Runs CMD holding the lock, on whichever backend `--backend` names (default:
+/// the Palisade cluster at `--endpoints`), reached only through the
+/// correctness-lock trait.
 pub async fn lock(a: LockArgs) -> Result<i32> {
-    let mut config = match a.endpoints.config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("palisade: {e}");
-            return Ok(exit::USAGE);
-        }
+    let usage = |e: &dyn std::fmt::Display| {
+        eprintln!("palisade: {e}");
+        Ok(exit::USAGE)
     };
-    config.session_ttl = a.ttl;
-    let options = AcquireOptions {
+    let url: BackendUrl = match &a.backend {
+        Some(url) => match url.parse() {
+            Ok(u) => u,
+            Err(e) => return usage(&e),
+        },
+        None => BackendUrl {
+            scheme: "palisade".into(),
+            rest: a.endpoints.endpoints.join(","),
+        },
+    };
+    let (tls, bearer_token) = match a.endpoints.credentials() {
+        Ok(c) => c,
+        Err(e) => return usage(&e),
+    };
+    let spec = SessionSpec {
+        ttl: a.ttl,
+        tls,
+        bearer_token,
+    };
+    let options = LockOptions {
         wait: a.wait,
         lock_delay: a.lock_delay,
     };
     let acquired = async {
-        let client = Client::connect(config).await?;
-        let guard = client.acquire(&a.name, &options).await?;
-        Ok::<_, ClientError>((client, guard))
-    };
-    let (client, guard) = match acquired.await {
-        Ok(pair) => pair,
-        Err(e @ ClientError::InvalidInput(_)) => {
-            eprintln!("palisade: {e}");
-            return Ok(exit::USAGE);
+        let locks = backends::connect(&url, &spec).await?;
+        match locks.acquire(&a.name, &options).await {
+            Ok(lease) => Ok((locks, lease)),
+            Err(e) => {
+                let _ = tokio::time::timeout(Duration::from_secs(2), locks.close()).await;
+                Err(e)
+            }
         }
+    };
+    let (locks, lease) = match acquired.await {
+        Ok(pair) => pair,
+        Err(e @ LockError::InvalidInput(_)) => return usage(&e),
         Err(e) => {
             eprintln!("palisade: lock {:?} not obtained: {e}", a.name);
             return Ok(exit::NOT_OBTAINED);
         }
     };
     eprintln!(
-        "palisade: holding {:?} with fencing token {} (session {})",
+        "palisade: holding {:?} with fencing token {} ({} backend)",
         a.name,
-        guard.token(),
-        client.session_id()
+        lease.token(),
+        locks.backend()
     );
     let env = [
         ("PALISADE_LOCK".to_owned(), a.name.clone()),
         (
             "PALISADE_FENCING_TOKEN".to_owned(),
-            guard.token().to_string(),
+            lease.token().to_string(),
         ),
     ];
-    let lost = guard.lost();
+    let lost = lease.lost();
     let ended = run_holding(
         &a.command,
         &env,
         async move {
             lost.await;
-            "the session could not be kept alive".to_owned()
+            "the lease could not be kept alive".to_owned()
         },
         a.grace,
     )
     .await;
     let outcome = match ended? {
         Ended::Exited(status) => {
-            if let Err(e) = guard.release().await {
+            if let Err(e) = lease.release().await {
                 eprintln!("palisade: release of {:?}: {e}", a.name);
             }
             shell_status(status)
@@ -373,11 +405,11 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
                 "palisade: lock {:?} lost ({reason}); stopped the command ({status})",
                 a.name
             );
-            drop(guard);
+            drop(lease);
             exit::LOST
         }
     };
-    let _ = tokio::time::timeout(Duration::from_secs(2), client.close()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), locks.close()).await;
     Ok(outcome)
 }
 

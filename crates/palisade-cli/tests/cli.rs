@@ -233,3 +233,59 @@ fn the_essay_example_rejects_the_stale_write_and_its_unfenced_twin_loses_an_upda
     assert!(text.contains("LOST UPDATE"), "{text}");
     assert!(text.contains("holds \"written by client 1"), "{text}");
 }
+
+#[test]
+fn lock_takes_its_backend_by_url() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let token = |backend: &str| {
+        let out = Command::new(bin())
+            .args(["lock", "by-url", "--backend", backend, "--"])
+            .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
+            .env_remove("PALISADE_ENDPOINTS")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let url = format!("palisade://{}", node.addr());
+    let first = token(&url);
+    assert!(token(&url) > first);
+    // PALISADE_BACKEND does the same as --backend.
+    let out = Command::new(bin())
+        .args([
+            "lock",
+            "by-url",
+            "--",
+            "sh",
+            "-c",
+            "echo $PALISADE_FENCING_TOKEN",
+        ])
+        .env("PALISADE_BACKEND", &url)
+        .env_remove("PALISADE_ENDPOINTS")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // An unknown scheme or a URL without one is bad input (2), naming what is known.
+    for bad in ["zz://127.0.0.1:1", "127.0.0.1:7420", "palisade://"] {
+        let out = Command::new(bin())
+            .args(["lock", "x", "--backend", bad, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("palisade://"), "{bad}: {stderr}");
+    }
+}

@@ -77,3 +77,25 @@ impl ClientError {
         }
     }
 }
+
+/// The backend-neutral error of the lock traits ([`palisade_core::lock`]).
+impl From<ClientError> for palisade_core::LockError {
+    fn from(e: ClientError) -> Self {
+        use palisade_core::LockError as L;
+        match e {
+            ClientError::InvalidInput(m) => L::InvalidInput(m),
+            ClientError::WouldBlock => L::WouldBlock,
+            ClientError::WaitTimeout => L::WaitTimeout,
+            ClientError::SessionExpired => L::SessionExpired,
+            ClientError::GrantTooLate => L::GrantTooLate,
+            ClientError::NotHolder(m) | ClientError::StaleToken(m) => L::NotHolder(m),
+            ClientError::LimitReached(m) => L::LimitReached(m),
+            ClientError::Unauthenticated(m) => L::Unauthenticated(m),
+            ClientError::PermissionDenied(m) => L::PermissionDenied(m),
+            ClientError::Unavailable(detail) | ClientError::Protocol(detail) => L::Unavailable {
+                backend: "palisade",
+                detail,
+            },
+        }
+    }
+}

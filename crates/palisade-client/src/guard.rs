@@ -144,3 +144,36 @@ impl std::fmt::Debug for FencedGuard {
             .finish_non_exhaustive()
     }
 }
+
+/// The Palisade guard behind the backend-neutral correctness-lock API.
+impl palisade_core::FencedLease for FencedGuard {
+    fn name(&self) -> &str {
+        FencedGuard::name(self)
+    }
+
+    fn token(&self) -> FencingToken {
+        FencedGuard::token(self)
+    }
+
+    fn remaining(&self) -> Duration {
+        FencedGuard::remaining(self)
+    }
+
+    fn guaranteed_until(&self) -> Instant {
+        FencedGuard::guaranteed_until(self)
+    }
+
+    fn state(&self) -> LeaseState {
+        FencedGuard::state(self)
+    }
+
+    fn lost(&self) -> palisade_core::lock::BoxFuture<'static, ()> {
+        Box::pin(FencedGuard::lost(self))
+    }
+
+    fn release(
+        self: Box<Self>,
+    ) -> palisade_core::lock::BoxFuture<'static, Result<(), palisade_core::LockError>> {
+        Box::pin(async move { (*self).release().await.map_err(Into::into) })
+    }
+}

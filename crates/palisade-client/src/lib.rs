@@ -480,6 +480,37 @@ async fn check_token(
     Ok((reply.current, FencingToken::new(reply.current_token)))
 }
 
+/// The Palisade client behind the backend-neutral correctness-lock API.
+impl palisade_core::FencedLocks for Client {
+    fn backend(&self) -> &'static str {
+        "palisade"
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        options: &'a palisade_core::LockOptions,
+    ) -> palisade_core::lock::BoxFuture<
+        'a,
+        Result<Box<dyn palisade_core::FencedLease>, palisade_core::LockError>,
+    > {
+        Box::pin(async move {
+            let options = AcquireOptions {
+                wait: options.wait,
+                lock_delay: options.lock_delay,
+            };
+            let guard = Client::acquire(self, name, &options).await?;
+            Ok(Box::new(guard) as Box<dyn palisade_core::FencedLease>)
+        })
+    }
+
+    fn close(
+        self: Box<Self>,
+    ) -> palisade_core::lock::BoxFuture<'static, Result<(), palisade_core::LockError>> {
+        Box::pin(async move { (*self).close().await.map_err(Into::into) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,9 +11,11 @@
 pub mod duration;
 pub mod lease;
 pub mod limits;
+pub mod lock;
 pub mod machine;
 pub mod token;
 
 pub use lease::LeaseState;
 pub use limits::InputError;
+pub use lock::{EfficiencyLease, FencedLease, FencedLocks, LockError, LockOptions};
 pub use token::FencingToken;

@@ -118,3 +118,20 @@ impl RedisLockError {
         !matches!(self, RedisLockError::InvalidInput(_))
     }
 }
+
+/// The backend-neutral error of the lock traits ([`palisade_core::lock`]).
+impl From<RedisLockError> for palisade_core::LockError {
+    fn from(e: RedisLockError) -> Self {
+        use palisade_core::LockError as L;
+        match e {
+            RedisLockError::InvalidInput(i) => L::InvalidInput(i.to_string()),
+            e @ (RedisLockError::NotHolder { .. } | RedisLockError::LeaseExpired { .. }) => {
+                L::NotHolder(e.to_string())
+            }
+            e => L::Unavailable {
+                backend: "redis",
+                detail: e.to_string(),
+            },
+        }
+    }
+}

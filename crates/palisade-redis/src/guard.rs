@@ -201,3 +201,32 @@ impl std::fmt::Debug for RedisGuard {
             .finish_non_exhaustive()
     }
 }
+
+/// The Redis guard behind the backend-neutral efficiency-lock API (no token).
+impl palisade_core::EfficiencyLease for RedisGuard {
+    fn name(&self) -> &str {
+        RedisGuard::name(self)
+    }
+
+    fn remaining(&self) -> Duration {
+        RedisGuard::remaining(self)
+    }
+
+    fn guaranteed_until(&self) -> Instant {
+        *self.deadline.borrow()
+    }
+
+    fn state(&self) -> LeaseState {
+        RedisGuard::state(self)
+    }
+
+    fn lost(&self) -> palisade_core::lock::BoxFuture<'static, ()> {
+        Box::pin(RedisGuard::lost(self))
+    }
+
+    fn release(
+        self: Box<Self>,
+    ) -> palisade_core::lock::BoxFuture<'static, Result<(), palisade_core::LockError>> {
+        Box::pin(async move { (*self).release().await.map(|_| ()).map_err(Into::into) })
+    }
+}

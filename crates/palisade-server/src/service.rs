@@ -184,6 +184,7 @@ impl Api {
 
 /// The documented mapping from a refusal of the state machine to an error code.
 pub fn machine_status(e: &MachineError) -> Status {
+    // Exhaustive on purpose: a new refusal must choose its wire code here.
     let code = match e {
         MachineError::Input { .. }
         | MachineError::LockDelayTooLong { .. }
@@ -193,7 +194,16 @@ pub fn machine_status(e: &MachineError) -> Status {
         MachineError::TooManySessions { .. }
         | MachineError::TooManyWaiters { .. }
         | MachineError::TooManyLocks { .. } => ErrorCode::LimitReached,
-        _ => ErrorCode::NotHolder,
+        // A release or cancel naming a lock the session does not hold or wait
+        // for; `AlreadyGranted` is turned into a release by `cancel` before it
+        // could get here.
+        MachineError::NoSuchLock { .. }
+        | MachineError::NotHolder { .. }
+        | MachineError::NotWaiting { .. }
+        | MachineError::AlreadyGranted { .. } => ErrorCode::NotHolder,
+        // Leader-internal proposals (a duplicate end of lock-delay, a batch the
+        // proposer should not have built): nothing the caller did; retry.
+        MachineError::NotInLockDelay { .. } | MachineError::BatchConflict => ErrorCode::Unavailable,
     };
     code.status(e.to_string())
 }

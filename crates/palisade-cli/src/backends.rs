@@ -1,0 +1,117 @@
+//! The one place where correctness-lock backends are registered, by URL scheme.
+//!
+//! Everything that takes a lock by URL (`palisade lock --backend URL`) goes
+//! through [`connect`] and then only through the [`FencedLocks`] trait. A new
+//! backend is a crate that implements the trait, plus one arm in [`connect`] and
+//! one line in [`SCHEMES`].
+
+use std::time::Duration;
+
+use palisade_client::{Client, ClientConfig, TlsOptions};
+use palisade_core::{FencedLocks, LockError};
+
+/// The registered schemes and the shape of their URLs (for help and errors).
+pub const SCHEMES: &[(&str, &str)] = &[("palisade", "palisade://HOST:PORT[,HOST:PORT…]")];
+
+/// What every backend's session needs.
+#[derive(Clone)]
+pub struct SessionSpec {
+    /// How long the locks outlive this process going silent.
+    pub ttl: Duration,
+    /// TLS to the backend, if it takes it.
+    pub tls: Option<TlsOptions>,
+    /// A bearer token, if the backend takes one.
+    pub bearer_token: Option<String>,
+}
+
+/// A backend URL split into its scheme and the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendUrl {
+    /// `palisade`, …
+    pub scheme: String,
+    /// Everything after `://`.
+    pub rest: String,
+}
+
+impl std::str::FromStr for BackendUrl {
+    type Err = LockError;
+
+    fn from_str(s: &str) -> Result<Self, LockError> {
+        let (scheme, rest) = s.split_once("://").ok_or_else(|| {
+            LockError::InvalidInput(format!(
+                "backend {s:?}: expected SCHEME://…, one of {}",
+                known()
+            ))
+        })?;
+        if !SCHEMES.iter().any(|(known, _)| *known == scheme) {
+            return Err(LockError::InvalidInput(format!(
+                "backend {s:?}: unknown scheme {scheme:?}; known: {}",
+                known()
+            )));
+        }
+        Ok(BackendUrl {
+            scheme: scheme.to_owned(),
+            rest: rest.to_owned(),
+        })
+    }
+}
+
+fn known() -> String {
+    SCHEMES
+        .iter()
+        .map(|(_, shape)| *shape)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Opens a session on the backend `url` names.
+///
+/// # Errors
+/// [`LockError::InvalidInput`] for a malformed URL; the backend's own errors
+/// (unreachable, unauthenticated, …) otherwise.
+pub async fn connect(
+    url: &BackendUrl,
+    session: &SessionSpec,
+) -> Result<Box<dyn FencedLocks>, LockError> {
+    match url.scheme.as_str() {
+        "palisade" => {
+            let endpoints: Vec<String> = url
+                .rest
+                .trim_end_matches('/')
+                .split(',')
+                .filter(|e| !e.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if endpoints.is_empty() {
+                return Err(LockError::InvalidInput(
+                    "palisade:// needs at least one HOST:PORT".into(),
+                ));
+            }
+            let mut config = ClientConfig::new(endpoints);
+            config.session_ttl = session.ttl;
+            config.tls = session.tls.clone();
+            config.bearer_token = session.bearer_token.clone();
+            Ok(Box::new(Client::connect(config).await?))
+        }
+        other => Err(LockError::InvalidInput(format!(
+            "no backend is registered for {other:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_registered_scheme() {
+        let u: BackendUrl = "palisade://127.0.0.1:7420,127.0.0.1:7421".parse().unwrap();
+        assert_eq!(u.scheme, "palisade");
+        assert_eq!(u.rest, "127.0.0.1:7420,127.0.0.1:7421");
+        for bad in ["127.0.0.1:7420", "redis://x:1", "zz://a", "://a"] {
+            let e = bad.parse::<BackendUrl>().unwrap_err();
+            assert!(matches!(e, LockError::InvalidInput(_)), "{bad}: {e:?}");
+            assert!(e.to_string().contains("palisade://"), "{bad}: {e}");
+        }
+    }
+}
