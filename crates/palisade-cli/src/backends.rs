@@ -11,7 +11,11 @@ use palisade_client::{Client, ClientConfig, TlsOptions};
 use palisade_core::{FencedLocks, LockError};
 
 /// The registered schemes and the shape of their URLs (for help and errors).
-pub const SCHEMES: &[(&str, &str)] = &[("palisade", "palisade://HOST:PORT[,HOST:PORT…]")];
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("palisade", "palisade://HOST:PORT[,HOST:PORT…]"),
+    ("postgres", "postgres://USER@HOST:PORT/DB"),
+    ("postgresql", "postgresql://USER@HOST:PORT/DB"),
+];
 
 /// What every backend's session needs.
 #[derive(Clone)]
@@ -92,6 +96,19 @@ pub async fn connect(
             config.tls = session.tls.clone();
             config.bearer_token = session.bearer_token.clone();
             Ok(Box::new(Client::connect(config).await?))
+        }
+        "postgres" | "postgresql" => {
+            if session.tls.is_some() || session.bearer_token.is_some() {
+                return Err(LockError::InvalidInput(
+                    "the postgres backend takes its credentials in the URL; \
+                     --ca/--cert/--token-file are for palisade://"
+                        .into(),
+                ));
+            }
+            let url = format!("{}://{}", url.scheme, url.rest);
+            Ok(Box::new(
+                palisade_postgres::PgLocks::connect(&url, session.ttl).await?,
+            ))
         }
         other => Err(LockError::InvalidInput(format!(
             "no backend is registered for {other:?}"

@@ -289,3 +289,44 @@ fn lock_takes_its_backend_by_url() {
         assert!(stderr.contains("palisade://"), "{bad}: {stderr}");
     }
 }
+
+#[test]
+fn lock_on_postgres_passes_increasing_tokens_also_across_a_kill9() {
+    let mut pg = palisade_testkit::PostgresServer::start().unwrap();
+    let url = pg.url();
+    let token = || {
+        let out = Command::new(bin())
+            .args(["lock", "demo", "--backend", &url, "--wait", "30s", "--"])
+            .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let (first, second) = (token(), token());
+    assert!(second > first);
+    pg.kill9();
+    pg.restart().unwrap();
+    let third = token();
+    assert!(third > second, "{first} {second} {third}");
+    // Credentials meant for palisade:// are refused for postgres:// (exit 2).
+    // (Any readable file will do as the CA: it is refused before it is used.)
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new(bin())
+        .args(["lock", "demo", "--backend", &url, "--ca"])
+        .arg(ca.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("are for palisade://"), "{stderr}");
+}

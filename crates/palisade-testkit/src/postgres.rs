@@ -220,6 +220,55 @@ impl PostgresServer {
     }
 }
 
+impl PostgresServer {
+    /// `kill -9` of the postmaster: no shutdown, no checkpoint. Its backends
+    /// notice and exit; the next start runs crash recovery from the WAL.
+    pub fn kill9(&mut self) {
+        if !self.running {
+            return;
+        }
+        self.running = false;
+        let pid = std::fs::read_to_string(self.data_dir().join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_owned));
+        if let Some(pid) = pid {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            // Wait for the postmaster and its backends to be gone before a restart
+            // reuses the data directory.
+            let gone = || !std::path::Path::new(&format!("/proc/{pid}")).exists();
+            let start = std::time::Instant::now();
+            while !gone() && start.elapsed() < std::time::Duration::from_secs(30) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Starts it again on the same port and data directory (after [`stop`] or
+    /// [`kill9`]: crash recovery runs first).
+    ///
+    /// [`stop`]: PostgresServer::stop
+    /// [`kill9`]: PostgresServer::kill9
+    ///
+    /// # Errors
+    /// When it does not come up in 30 s.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        if self.running {
+            return Ok(());
+        }
+        // A postmaster killed with -9 leaves its pid file; pg_ctl copes with a
+        // stale one, but backends may linger a moment holding shared memory.
+        let mut last = None;
+        for _ in 0..50 {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(last.expect("at least one attempt"))
+    }
+}
+
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         self.stop();

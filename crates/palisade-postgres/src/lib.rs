@@ -1,0 +1,469 @@
+//! Correctness locks in PostgreSQL, behind [`FencedLocks`]: for teams whose
+//! "database with transactional guarantees" (the essay's words) is PostgreSQL.
+//!
+//! # Design
+//! One row per held lock in `palisade_locks` ([`SCHEMA`]): the holder (128
+//! random bits per grant), the fencing token, and `expires_at`.
+//!
+//! - **Grant**: one statement, one transaction — insert the row, or take over a
+//!   row whose `expires_at` has passed, with `token = nextval(...)` of the
+//!   sequence `palisade_lock_token`. The token is written in the same transaction
+//!   as the grant, so the commit that makes the grant durable also makes the
+//!   sequence's advance durable: after a crash the sequence resumes above every
+//!   token a committed grant carried, and a token is never issued twice. A
+//!   take-over also requires the new token to be higher than the row's, so two
+//!   racing grants cannot install a lower token after a higher one.
+//! - **What ends a hold** is decided by the database: the row is deleted by the
+//!   holder's release, or, once the *database server's* `clock_timestamp()` has
+//!   passed `expires_at`, the next grant takes the row over. Keep-alives move
+//!   `expires_at` to `clock_timestamp() + TTL` and never revive a row that has
+//!   already expired. Nothing is decided by this client's clock.
+//! - **What the client knows**: [`FencedLease::remaining`] counts from the moment
+//!   the last successful grant or keep-alive was *sent*, on this process's
+//!   monotonic clock, minus a safety margin. That ends before `expires_at` as
+//!   long as the database server's clock runs at the normal rate. **Clock
+//!   caveat**: a forward jump of the database server's wall clock ends holds
+//!   early (the next grant sees them as expired); a holder may then still believe
+//!   it holds the lock. The fencing token is what keeps its late writes out: the
+//!   resource must check it (the `palisade-fence` PostgreSQL adapter accepts
+//!   these tokens as they are).
+//! - **Waiting** polls with a bounded, jittered backoff (10 ms doubling to
+//!   250 ms) until the lock is granted or the wait runs out; a waiter leaves
+//!   nothing in the database.
+//! - No lock-delay: a non-zero [`LockOptions::lock_delay`] is refused.
+//! - The connection is plaintext (`NoTls`); use a Unix socket or a trusted
+//!   network, or a later version with TLS.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use palisade_core::lock::BoxFuture;
+use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
+use tokio::sync::watch;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+/// The backend's name in errors and URLs.
+pub const BACKEND: &str = "postgres";
+
+/// The schema the locks live in. Idempotent; [`PgLocks::connect`] runs it.
+pub const SCHEMA: &str = "
+CREATE SEQUENCE IF NOT EXISTS palisade_lock_token;
+CREATE TABLE IF NOT EXISTS palisade_locks (
+    name text PRIMARY KEY,
+    holder text NOT NULL,
+    token bigint NOT NULL CHECK (token > 0),
+    expires_at timestamptz NOT NULL
+)";
+
+/// Grants `$1` to holder `$2` for `$3` ms if it is free or its holder expired.
+const GRANT: &str = "
+INSERT INTO palisade_locks AS l (name, holder, token, expires_at)
+VALUES ($1, $2, nextval('palisade_lock_token'), clock_timestamp() + $3::bigint * interval '1 millisecond')
+ON CONFLICT (name) DO UPDATE
+    SET holder = EXCLUDED.holder, token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at < clock_timestamp() AND l.token < EXCLUDED.token
+RETURNING token";
+
+/// Moves the deadline of a hold that has not expired.
+const KEEP_ALIVE: &str = "
+UPDATE palisade_locks
+    SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+    WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > clock_timestamp()";
+
+/// Ends a hold (only this grant's).
+const RELEASE: &str = "DELETE FROM palisade_locks WHERE name = $1 AND holder = $2 AND token = $3";
+
+fn unavailable(detail: impl std::fmt::Display) -> LockError {
+    LockError::Unavailable {
+        backend: BACKEND,
+        detail: detail.to_string(),
+    }
+}
+
+/// Maps a database error to the lock API's: credentials and rights are not
+/// retryable, the rest is "unavailable".
+fn pg_error(e: tokio_postgres::Error) -> LockError {
+    match e.code() {
+        Some(c)
+            if *c == SqlState::INVALID_PASSWORD
+                || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+        {
+            LockError::Unauthenticated(format!("postgres: {e}"))
+        }
+        Some(c) if *c == SqlState::INSUFFICIENT_PRIVILEGE => LockError::PermissionDenied(format!(
+            "postgres: {e} (the role needs CREATE on the schema the first time, then \
+             SELECT/INSERT/UPDATE/DELETE on palisade_locks and USAGE on palisade_lock_token)"
+        )),
+        Some(c) if *c == SqlState::INVALID_CATALOG_NAME => {
+            LockError::InvalidInput(format!("postgres: {e}"))
+        }
+        _ => unavailable(match e.as_db_error() {
+            Some(db) => db.message().to_owned(),
+            None => {
+                let mut text = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    text.push_str(": ");
+                    text.push_str(&s.to_string());
+                    source = s.source();
+                }
+                text
+            }
+        }),
+    }
+}
+
+struct Inner {
+    client: Client,
+    ttl: Duration,
+    margin: Duration,
+}
+
+/// Correctness locks on one PostgreSQL connection. Leases share the connection;
+/// each keeps itself alive.
+pub struct PgLocks {
+    inner: Arc<Inner>,
+}
+
+impl PgLocks {
+    /// Connects to `url` (`postgres://USER@HOST:PORT/DB`, or `key=value` form),
+    /// and creates the schema if it is missing. `ttl` is how long a hold outlives
+    /// this process going silent.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidInput`] for a bad URL or TTL, or a database that does
+    /// not exist; [`LockError::Unauthenticated`] / [`LockError::PermissionDenied`]
+    /// for a role that may not log in or create the schema;
+    /// [`LockError::Unavailable`] when the server cannot be reached.
+    pub async fn connect(url: &str, ttl: Duration) -> Result<PgLocks, LockError> {
+        palisade_core::limits::validate_ttl(ttl)
+            .map_err(|e| LockError::InvalidInput(e.to_string()))?;
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| LockError::InvalidInput(format!("postgres URL: {e}")))?;
+        let (client, connection) =
+            tokio::time::timeout(Duration::from_secs(10), config.connect(NoTls))
+                .await
+                .map_err(|_| unavailable("connecting timed out after 10 s"))?
+                .map_err(pg_error)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "postgres connection ended");
+            }
+        });
+        // Two first-time clients may race to create the schema; the loser of
+        // that race sees a unique violation in the catalog and simply retries.
+        let mut attempts = 0;
+        loop {
+            match client.batch_execute(SCHEMA).await {
+                Ok(()) => break,
+                Err(e) if attempts < 3 && e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                    attempts += 1;
+                }
+                Err(e) => return Err(pg_error(e)),
+            }
+        }
+        let margin = (ttl / 10).max(Duration::from_millis(50)).min(ttl / 2);
+        Ok(PgLocks {
+            inner: Arc::new(Inner {
+                client,
+                ttl,
+                margin,
+            }),
+        })
+    }
+
+    async fn try_grant(&self, name: &str, holder: &str) -> Result<Option<FencingToken>, LockError> {
+        let ttl_ms = self.inner.ttl.as_millis() as i64;
+        let row = self
+            .inner
+            .client
+            .query_opt(GRANT, &[&name, &holder, &ttl_ms])
+            .await
+            .map_err(pg_error)?;
+        match row {
+            None => Ok(None),
+            Some(row) => {
+                let token: i64 = row.get(0);
+                u64::try_from(token)
+                    .ok()
+                    .and_then(FencingToken::new)
+                    .map(Some)
+                    .ok_or_else(|| unavailable(format!("the sequence returned token {token}")))
+            }
+        }
+    }
+
+    /// Acquires `name`; see [`FencedLocks::acquire`].
+    ///
+    /// # Errors
+    /// [`LockError::InvalidInput`] (name, lock-delay), [`LockError::WouldBlock`],
+    /// [`LockError::WaitTimeout`], [`LockError::Unavailable`].
+    pub async fn acquire(&self, name: &str, options: &LockOptions) -> Result<PgLease, LockError> {
+        palisade_core::limits::validate_name(name)
+            .map_err(|e| LockError::InvalidInput(e.to_string()))?;
+        if !options.lock_delay.is_zero() {
+            return Err(LockError::InvalidInput(
+                "the postgres backend has no lock-delay".into(),
+            ));
+        }
+        let holder = format!("{:032x}", rand::random::<u128>());
+        let give_up = Instant::now() + options.wait;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let sent = Instant::now();
+            if let Some(token) = self.try_grant(name, &holder).await? {
+                return Ok(PgLease::start(
+                    self.inner.clone(),
+                    name,
+                    holder,
+                    token,
+                    sent,
+                ));
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(if options.wait.is_zero() {
+                    LockError::WouldBlock
+                } else {
+                    LockError::WaitTimeout
+                });
+            }
+            let jitter =
+                Duration::from_millis(rand::random_range(0..=backoff.as_millis() as u64 / 2));
+            tokio::time::sleep((backoff + jitter).min(give_up - now)).await;
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+}
+
+impl FencedLocks for PgLocks {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        options: &'a LockOptions,
+    ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
+        Box::pin(async move {
+            let lease = PgLocks::acquire(self, name, options).await?;
+            Ok(Box::new(lease) as Box<dyn FencedLease>)
+        })
+    }
+
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+        // Leases keep the connection while they live; it closes with the last.
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// One hold of a PostgreSQL lock. Dropping it releases the lock in the
+/// background (best effort).
+pub struct PgLease {
+    inner: Arc<Inner>,
+    name: String,
+    holder: String,
+    token: FencingToken,
+    guaranteed_until: watch::Sender<Instant>,
+    keep_alive: tokio::task::AbortHandle,
+    released: bool,
+}
+
+impl PgLease {
+    fn start(
+        inner: Arc<Inner>,
+        name: &str,
+        holder: String,
+        token: FencingToken,
+        sent: Instant,
+    ) -> Self {
+        let (ttl, margin) = (inner.ttl, inner.margin);
+        let guaranteed_until = watch::Sender::new(sent + ttl - margin);
+        let task = tokio::spawn(keep_alive(
+            inner.clone(),
+            name.to_owned(),
+            holder.clone(),
+            token,
+            guaranteed_until.clone(),
+        ));
+        PgLease {
+            inner,
+            name: name.to_owned(),
+            holder,
+            token,
+            guaranteed_until,
+            keep_alive: task.abort_handle(),
+            released: false,
+        }
+    }
+
+    /// Releases the hold.
+    ///
+    /// # Errors
+    /// [`LockError::NotHolder`] when the hold had already ended (expired and
+    /// perhaps granted again); [`LockError::Unavailable`].
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        self.keep_alive.abort();
+        self.guaranteed_until.send_replace(Instant::now());
+        release(&self.inner, &self.name, &self.holder, self.token).await
+    }
+}
+
+async fn release(
+    inner: &Inner,
+    name: &str,
+    holder: &str,
+    token: FencingToken,
+) -> Result<(), LockError> {
+    let token = token.get() as i64;
+    let deleted = inner
+        .client
+        .execute(RELEASE, &[&name, &holder, &token])
+        .await
+        .map_err(pg_error)?;
+    if deleted == 1 {
+        Ok(())
+    } else {
+        Err(LockError::NotHolder(format!(
+            "the hold on {name:?} had already ended (expired, perhaps granted again)"
+        )))
+    }
+}
+
+/// Moves the deadline every third of the TTL (sooner after a failure) until the
+/// hold ends; marks the lease lost when the database says it has expired.
+async fn keep_alive(
+    inner: Arc<Inner>,
+    name: String,
+    holder: String,
+    token: FencingToken,
+    guaranteed_until: watch::Sender<Instant>,
+) {
+    let every = inner.ttl / 3;
+    let (ttl_ms, token_i64) = (inner.ttl.as_millis() as i64, token.get() as i64);
+    let mut pause = every;
+    loop {
+        tokio::time::sleep(pause).await;
+        let sent = Instant::now();
+        let attempt = tokio::time::timeout(
+            every.max(Duration::from_millis(10)),
+            inner
+                .client
+                .execute(KEEP_ALIVE, &[&name, &holder, &token_i64, &ttl_ms]),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(1)) => {
+                let until = sent + inner.ttl - inner.margin;
+                guaranteed_until.send_if_modified(|current| {
+                    let later = until > *current;
+                    if later {
+                        *current = until;
+                    }
+                    later
+                });
+                pause = every;
+            }
+            Ok(Ok(_)) => {
+                tracing::warn!(name, "postgres lock expired before its keep-alive");
+                guaranteed_until.send_replace(Instant::now());
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(name, error = %e, "keep-alive failed; retrying");
+                pause = Duration::from_millis(100).min(every);
+            }
+            Err(_) => {
+                tracing::debug!(name, "keep-alive timed out; retrying");
+                pause = Duration::from_millis(100).min(every);
+            }
+        }
+        if guaranteed_until
+            .borrow()
+            .saturating_duration_since(Instant::now())
+            .is_zero()
+        {
+            // The guarantee ran out while the database could not be reached: the
+            // hold may have been taken over. Stop pretending.
+            return;
+        }
+    }
+}
+
+impl FencedLease for PgLease {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn remaining(&self) -> Duration {
+        self.guaranteed_until
+            .borrow()
+            .saturating_duration_since(Instant::now())
+    }
+
+    fn guaranteed_until(&self) -> Instant {
+        *self.guaranteed_until.borrow()
+    }
+
+    fn state(&self) -> LeaseState {
+        LeaseState::classify(self.remaining(), self.inner.ttl / 2)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, ()> {
+        let mut rx = self.guaranteed_until.subscribe();
+        Box::pin(async move {
+            loop {
+                let until = *rx.borrow_and_update();
+                if until <= Instant::now() {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(until.into()) => {}
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+            }
+        })
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+        Box::pin(async move { (*self).release().await })
+    }
+}
+
+impl Drop for PgLease {
+    fn drop(&mut self) {
+        self.keep_alive.abort();
+        if self.released {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (inner, name, holder, token) = (
+                self.inner.clone(),
+                std::mem::take(&mut self.name),
+                std::mem::take(&mut self.holder),
+                self.token,
+            );
+            rt.spawn(async move {
+                let _ = release(&inner, &name, &holder, token).await;
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for PgLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLease")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}

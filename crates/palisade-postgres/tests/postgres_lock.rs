@@ -1,0 +1,249 @@
+//! The PostgreSQL backend against a real PostgreSQL server (Debian's package,
+//! started by the testkit on a loopback port), crashed with `kill -9`, and cut
+//! off through the fault proxy. No assertion depends on how fast the machine is.
+
+use std::time::{Duration, Instant};
+
+use palisade_core::{FencedLease, LockError, LockOptions};
+use palisade_faultproxy::FaultProxy;
+use palisade_postgres::PgLocks;
+use palisade_testkit::PostgresServer;
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn now_or_never() -> LockOptions {
+    LockOptions::default()
+}
+
+fn waiting(secs: u64) -> LockOptions {
+    LockOptions {
+        wait: Duration::from_secs(secs),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_also_across_a_kill9_of_the_postmaster() {
+    let mut pg = PostgresServer::start().unwrap();
+    let url = pg.url();
+    let mut tokens = Vec::new();
+    {
+        let locks = PgLocks::connect(&url, TTL).await.unwrap();
+        for _ in 0..2 {
+            let lease = locks.acquire("demo", &now_or_never()).await.unwrap();
+            tokens.push(lease.token().get());
+            lease.release().await.unwrap();
+        }
+        // Held at the crash: the row survives; it expires by the TTL.
+        let held = locks.acquire("demo", &now_or_never()).await.unwrap();
+        tokens.push(held.token().get());
+        pg.kill9();
+        pg.restart().unwrap();
+        std::mem::forget(held);
+    }
+    let locks = PgLocks::connect(&url, TTL).await.unwrap();
+    let after = locks.acquire("demo", &waiting(60)).await.unwrap();
+    tokens.push(after.token().get());
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must only grow: {tokens:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_excludes_others_until_released() {
+    let pg = PostgresServer::start().unwrap();
+    let a = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let b = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let held = a.acquire("x", &now_or_never()).await.unwrap();
+    assert_eq!(
+        b.acquire("x", &now_or_never()).await.unwrap_err(),
+        LockError::WouldBlock
+    );
+    // Kept alive past several TTLs: still held.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(!held.remaining().is_zero());
+    assert_eq!(
+        b.acquire("x", &now_or_never()).await.unwrap_err(),
+        LockError::WouldBlock
+    );
+    let first = held.token();
+    let waiter = tokio::spawn(async move { b.acquire("x", &waiting(60)).await.map(|l| l.token()) });
+    held.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second > first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_loses_its_lease_before_another_is_granted() {
+    let pg = PostgresServer::start().unwrap();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap())
+        .await
+        .unwrap();
+    let via_proxy = format!("postgres://postgres@{}/postgres", proxy.addr());
+    let cut_off = PgLocks::connect(&via_proxy, TTL).await.unwrap();
+    let held = cut_off.acquire("p", &now_or_never()).await.unwrap();
+    let lost = held.lost();
+    proxy.link().partition();
+    let other = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let granted = other.acquire("p", &waiting(60)).await.unwrap();
+    // The cut-off holder's guarantee had ended by the time the database let
+    // anyone else in (both measured on this process's monotonic clock).
+    let at_grant = Instant::now();
+    assert!(
+        held.guaranteed_until() <= at_grant,
+        "two holders inside their guarantees"
+    );
+    tokio::time::timeout(Duration::from_secs(1), lost)
+        .await
+        .expect("lost() had fired");
+    assert!(granted.token() > held.token());
+    // Its release is refused: the hold had ended.
+    proxy.link().heal();
+    let e = held.release().await;
+    assert!(
+        matches!(
+            e,
+            Err(LockError::NotHolder(_) | LockError::Unavailable { .. })
+        ),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_bad_servers_get_typed_errors_and_leave_nothing() {
+    let pg = PostgresServer::start().unwrap();
+    let locks = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    for (name, options) in [
+        ("", now_or_never()),
+        (
+            "x",
+            LockOptions {
+                lock_delay: Duration::from_secs(1),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let e = locks.acquire(name, &options).await.unwrap_err();
+        assert!(matches!(e, LockError::InvalidInput(_)), "{name:?}: {e:?}");
+    }
+    let huge = "n".repeat(10_000);
+    assert!(matches!(
+        locks.acquire(&huge, &now_or_never()).await.unwrap_err(),
+        LockError::InvalidInput(_)
+    ));
+    assert!(matches!(
+        PgLocks::connect(&pg.url(), Duration::ZERO)
+            .await
+            .err()
+            .unwrap(),
+        LockError::InvalidInput(_)
+    ));
+    assert!(matches!(
+        PgLocks::connect("postgres://x@127.0.0.1:notaport/db", TTL)
+            .await
+            .err()
+            .unwrap(),
+        LockError::InvalidInput(_)
+    ));
+    let closed = palisade_testkit::free_port().unwrap();
+    assert!(matches!(
+        PgLocks::connect(
+            &format!("postgres://postgres@127.0.0.1:{closed}/postgres"),
+            TTL
+        )
+        .await
+        .err()
+        .unwrap(),
+        LockError::Unavailable { .. }
+    ));
+    assert!(matches!(
+        PgLocks::connect(
+            &format!("postgres://postgres@127.0.0.1:{}/nosuchdb", pg.port()),
+            TTL
+        )
+        .await
+        .err()
+        .unwrap(),
+        LockError::InvalidInput(_)
+    ));
+
+    // A role without rights on the lock table is told so, and changes nothing.
+    let (admin, conn) = tokio_postgres_connect(&pg.url()).await;
+    admin
+        .batch_execute("CREATE ROLE weak LOGIN; REVOKE ALL ON palisade_locks FROM PUBLIC")
+        .await
+        .unwrap();
+    drop(conn);
+    let weak = PgLocks::connect(
+        &format!("postgres://weak@127.0.0.1:{}/postgres", pg.port()),
+        TTL,
+    )
+    .await;
+    match weak {
+        Err(e) => assert!(matches!(e, LockError::PermissionDenied(_)), "{e:?}"),
+        Ok(weak) => {
+            let e = weak.acquire("w", &now_or_never()).await.unwrap_err();
+            assert!(matches!(e, LockError::PermissionDenied(_)), "{e:?}");
+        }
+    }
+
+    // A wait that runs out leaves no row behind; the holder's row is its own.
+    let held = locks.acquire("busy", &now_or_never()).await.unwrap();
+    let other = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let e = other
+        .acquire(
+            "busy",
+            &LockOptions {
+                wait: Duration::from_millis(300),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e, LockError::WaitTimeout);
+    let rows: i64 = admin
+        .query_one("SELECT count(*) FROM palisade_locks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "only the holder's row");
+    held.release().await.unwrap();
+}
+
+async fn tokio_postgres_connect(
+    url: &str,
+) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (client, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_adapter_takes_these_tokens_and_refuses_a_superseded_one() {
+    let pg = PostgresServer::start().unwrap();
+    let locks = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let (mut db, _conn) = tokio_postgres_connect(&pg.url()).await;
+    palisade_fence::postgres::ensure_schema(&db).await.unwrap();
+    let old = locks.acquire("ledger", &now_or_never()).await.unwrap();
+    let old_token = old.token();
+    old.release().await.unwrap();
+    let new = locks.acquire("ledger", &now_or_never()).await.unwrap();
+    let write =
+        async |_: &tokio_postgres::Transaction<'_>, _| Ok::<_, std::convert::Infallible>(());
+    palisade_fence::postgres::fenced_write(&mut db, "ledger", new.token(), write)
+        .await
+        .expect("the current holder's write");
+    let stale = palisade_fence::postgres::fenced_write(&mut db, "ledger", old_token, write).await;
+    assert!(
+        matches!(
+            stale,
+            Err(palisade_fence::postgres::PgFenceError::StaleToken { .. })
+        ),
+        "{stale:?}"
+    );
+}
