@@ -13,6 +13,7 @@ use palisade_core::{FencedLocks, LockError};
 /// The registered schemes and the shape of their URLs (for help and errors).
 pub const SCHEMES: &[(&str, &str)] = &[
     ("palisade", "palisade://HOST:PORT[,HOST:PORT…]"),
+    ("etcd", "etcd://HOST:PORT[,HOST:PORT…]"),
     ("postgres", "postgres://USER@HOST:PORT/DB"),
     ("postgresql", "postgresql://USER@HOST:PORT/DB"),
 ];
@@ -96,6 +97,25 @@ pub async fn connect(
             config.tls = session.tls.clone();
             config.bearer_token = session.bearer_token.clone();
             Ok(Box::new(Client::connect(config).await?))
+        }
+        "etcd" => {
+            if session.tls.is_some() || session.bearer_token.is_some() {
+                return Err(LockError::InvalidInput(
+                    "the etcd backend speaks plaintext gRPC for now; \
+                     --ca/--cert/--token-file are for palisade://"
+                        .into(),
+                ));
+            }
+            let endpoints: Vec<String> = url
+                .rest
+                .trim_end_matches('/')
+                .split(',')
+                .filter(|e| !e.is_empty())
+                .map(str::to_owned)
+                .collect();
+            Ok(Box::new(
+                palisade_etcd::EtcdLocks::connect(&endpoints, session.ttl).await?,
+            ))
         }
         "postgres" | "postgresql" => {
             if session.tls.is_some() || session.bearer_token.is_some() {

@@ -330,3 +330,36 @@ fn lock_on_postgres_passes_increasing_tokens_also_across_a_kill9() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("are for palisade://"), "{stderr}");
 }
+
+#[test]
+fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
+    let mut etcd = palisade_testkit::EtcdCluster::start(3).unwrap();
+    let url = format!("etcd://{}", etcd.endpoints().join(","));
+    let token = || {
+        let out = Command::new(bin())
+            .args(["lock", "demo", "--backend", &url, "--wait", "30s", "--"])
+            .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let (first, second) = (token(), token());
+    assert!(second > first);
+    for i in 0..3 {
+        etcd.kill(i);
+    }
+    for i in 0..3 {
+        etcd.start_member(i).unwrap();
+    }
+    let third = token();
+    assert!(third > second, "{first} {second} {third}");
+}

@@ -23,7 +23,8 @@ pub(crate) struct Session {
     /// except to "now" when the session is known dead.
     guaranteed_until: watch::Sender<Instant>,
     dead: AtomicBool,
-    keepalive: tokio::task::AbortHandle,
+    /// The keep-alive task, set right after the session is built.
+    keepalive: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
 impl Session {
@@ -47,19 +48,19 @@ impl Session {
             .safety_margin
             .unwrap_or_else(|| (ttl / 10).max(Duration::from_millis(50)))
             .min(ttl / 2);
-        let session = Arc::new_cyclic(|weak: &std::sync::Weak<Session>| {
-            let weak = weak.clone();
-            let task = tokio::spawn(async move { keep_alive(weak, margin).await });
-            Session {
-                id: reply.session_id,
-                key: reply.session_key,
-                ttl,
-                conn,
-                guaranteed_until: watch::Sender::new(sent + ttl - margin),
-                dead: AtomicBool::new(false),
-                keepalive: task.abort_handle(),
-            }
+        let session = Arc::new(Session {
+            id: reply.session_id,
+            key: reply.session_key,
+            ttl,
+            conn,
+            guaranteed_until: watch::Sender::new(sent + ttl - margin),
+            dead: AtomicBool::new(false),
+            keepalive: std::sync::OnceLock::new(),
         });
+        // Spawned once the session exists: a task started inside its
+        // construction could look for it before it is there, and give up.
+        let task = tokio::spawn(keep_alive(Arc::downgrade(&session), margin));
+        let _ = session.keepalive.set(task.abort_handle());
         Ok(session)
     }
 
@@ -87,7 +88,9 @@ impl Session {
     }
 
     pub async fn close(&self) -> Result<(), ClientError> {
-        self.keepalive.abort();
+        if let Some(task) = self.keepalive.get() {
+            task.abort();
+        }
         let req = CloseSessionRequest {
             session_id: self.id,
             session_key: self.key.clone(),
@@ -106,7 +109,9 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.keepalive.abort();
+        if let Some(task) = self.keepalive.get() {
+            task.abort();
+        }
         if self.dead.load(Ordering::SeqCst) {
             return;
         }

@@ -6,11 +6,13 @@
 //! named by each server type.
 
 pub mod clock;
+mod etcd;
 mod palisade;
 mod postgres;
 mod redis;
 mod silent;
 
+pub use etcd::{EtcdCluster, EtcdMember};
 pub use palisade::PalisadeNode;
 pub use postgres::PostgresServer;
 pub use redis::RedisServer;

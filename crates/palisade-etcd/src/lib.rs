@@ -1,0 +1,676 @@
+//! Correctness locks on etcd v3, behind [`FencedLocks`]: etcd's own mutex recipe
+//! (`client/v3/concurrency/mutex.go`) with a fencing token.
+//!
+//! # Design
+//! - **Session** = one etcd lease (`LeaseGrant`), kept alive over a
+//!   `LeaseKeepAlive` stream every third of its TTL. etcd's leader measures
+//!   the lease and restarts every lease's countdown when leadership changes, so
+//!   a lease never ends early. The client's guarantee counts from the moment
+//!   the last acknowledged keep-alive was *sent*, on its monotonic clock, minus
+//!   a safety margin; it is lost when keep-alives fail past it, or at once when
+//!   etcd answers that the lease is gone.
+//! - **Acquire**: one transaction creates this session's key
+//!   `/palisade/locks/NAME/LEASE` attached to the lease (or finds it, if this
+//!   session already queued). Its `create_revision` orders the queue: the lock
+//!   is ours when no key of the lock's prefix has a lower one. A waiter watches
+//!   only its predecessor's key (no herd) and re-checks after every deletion;
+//!   after waking it checks its own key still exists (the session may have
+//!   expired meanwhile).
+//! - **Token** = the own key's `create_revision` (what etcd calls the lock's
+//!   revision): a later holder's key was created later, and etcd's revisions
+//!   only grow, across leader changes and restarts.
+//! - A wait that ends unanswered (or `wait = 0` on a held lock) deletes the own
+//!   key: nothing is left behind. Lease TTLs are whole seconds in etcd: a TTL is
+//!   rounded up, and the TTL etcd grants (it may raise it) is the one used.
+//! - No lock-delay; plaintext gRPC (`http://`).
+
+mod pb {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("etcdserverpb");
+}
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use palisade_core::lock::BoxFuture;
+use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
+use pb::compare::{CompareResult, CompareTarget, TargetUnion};
+use pb::kv_client::KvClient;
+use pb::lease_client::LeaseClient;
+use pb::request_op::Request as Op;
+use pb::watch_client::WatchClient;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// The backend's name in errors and URLs.
+pub const BACKEND: &str = "etcd";
+
+/// The key prefix every lock lives under.
+pub const PREFIX: &str = "/palisade/locks/";
+
+fn unavailable(detail: impl std::fmt::Display) -> LockError {
+    LockError::Unavailable {
+        backend: BACKEND,
+        detail: detail.to_string(),
+    }
+}
+
+fn status_error(s: &tonic::Status) -> LockError {
+    match s.code() {
+        tonic::Code::Unauthenticated => {
+            LockError::Unauthenticated(format!("etcd: {}", s.message()))
+        }
+        tonic::Code::PermissionDenied => {
+            LockError::PermissionDenied(format!("etcd: {}", s.message()))
+        }
+        tonic::Code::InvalidArgument => LockError::InvalidInput(format!("etcd: {}", s.message())),
+        _ => unavailable(format!("{}: {}", s.code(), s.message())),
+    }
+}
+
+/// The smallest key greater than every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// Channels to the cluster's members; calls fail over to the next on a
+/// transport error.
+struct Members {
+    channels: Vec<Channel>,
+    next: AtomicUsize,
+    rpc_timeout: Duration,
+}
+
+impl Members {
+    fn pick(&self) -> Channel {
+        let i = self.next.load(Ordering::Relaxed) % self.channels.len();
+        self.channels[i].clone()
+    }
+
+    fn rotate(&self) {
+        self.next.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs `rpc` against a member, moving on to the next after a transport
+    /// failure, for up to `budget`.
+    async fn call<T, F, Fut>(&self, budget: Duration, mut rpc: F) -> Result<T, LockError>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let give_up = Instant::now() + budget;
+        let mut last: String;
+        loop {
+            match tokio::time::timeout(self.rpc_timeout, rpc(self.pick())).await {
+                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Err(s))
+                    if matches!(
+                        s.code(),
+                        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+                    ) =>
+                {
+                    last = format!("{}: {}", s.code(), s.message());
+                }
+                Ok(Err(s)) => return Err(status_error(&s)),
+                Err(_) => last = "timed out".into(),
+            }
+            self.rotate();
+            if Instant::now() >= give_up {
+                return Err(unavailable(last));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+struct Session {
+    members: Members,
+    lease: i64,
+    ttl: Duration,
+    margin: Duration,
+    guaranteed_until: watch::Sender<Instant>,
+    /// Set right after the session is built (the task needs the session).
+    keep_alive: std::sync::OnceLock<tokio::task::AbortHandle>,
+}
+
+impl Session {
+    fn stop_keep_alive(&self) {
+        if let Some(task) = self.keep_alive.get() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stop_keep_alive();
+        // Best effort: revoking deletes every key of the lease now, not at expiry.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (channel, lease) = (self.members.pick(), self.lease);
+            rt.spawn(async move {
+                let _ = LeaseClient::new(channel)
+                    .lease_revoke(pb::LeaseRevokeRequest { id: lease })
+                    .await;
+            });
+        }
+    }
+}
+
+/// Correctness locks on an etcd cluster: one lease (session) per value.
+pub struct EtcdLocks {
+    session: Arc<Session>,
+}
+
+impl EtcdLocks {
+    /// Connects to `endpoints` (`HOST:PORT`, any members) and opens a session
+    /// of `ttl` (rounded up to whole seconds; at least 1 s).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidInput`] for no or malformed endpoints or a bad TTL;
+    /// [`LockError::Unavailable`] when no member answers.
+    pub async fn connect(endpoints: &[String], ttl: Duration) -> Result<EtcdLocks, LockError> {
+        palisade_core::limits::validate_ttl(ttl)
+            .map_err(|e| LockError::InvalidInput(e.to_string()))?;
+        if endpoints.is_empty() {
+            return Err(LockError::InvalidInput(
+                "etcd:// needs at least one HOST:PORT".into(),
+            ));
+        }
+        let mut channels = Vec::new();
+        for e in endpoints {
+            if e.contains("://") || !e.contains(':') {
+                return Err(LockError::InvalidInput(format!(
+                    "etcd endpoint {e:?}: expected HOST:PORT"
+                )));
+            }
+            let endpoint = Endpoint::from_shared(format!("http://{e}"))
+                .map_err(|err| LockError::InvalidInput(format!("etcd endpoint {e:?}: {err}")))?
+                .connect_timeout(Duration::from_secs(1))
+                .tcp_nodelay(true);
+            channels.push(endpoint.connect_lazy());
+        }
+        let members = Members {
+            channels,
+            next: AtomicUsize::new(0),
+            rpc_timeout: Duration::from_secs(2),
+        };
+        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let sent = Instant::now();
+        let granted = members
+            .call(Duration::from_secs(10), |ch| async move {
+                LeaseClient::new(ch)
+                    .lease_grant(pb::LeaseGrantRequest {
+                        ttl: secs.max(1) as i64,
+                        id: 0,
+                    })
+                    .await
+            })
+            .await?;
+        if !granted.error.is_empty() || granted.ttl <= 0 {
+            return Err(unavailable(format!("lease grant: {}", granted.error)));
+        }
+        let ttl = Duration::from_secs(granted.ttl as u64);
+        let margin = (ttl / 10).max(Duration::from_millis(50)).min(ttl / 2);
+        let guaranteed_until = watch::Sender::new(sent + ttl - margin);
+        let session = Arc::new(Session {
+            members,
+            lease: granted.id,
+            ttl,
+            margin,
+            guaranteed_until,
+            keep_alive: std::sync::OnceLock::new(),
+        });
+        let task = tokio::spawn(keep_alive(Arc::downgrade(&session)));
+        let _ = session.keep_alive.set(task.abort_handle());
+        Ok(EtcdLocks { session })
+    }
+
+    /// The session's lease id.
+    pub fn lease_id(&self) -> i64 {
+        self.session.lease
+    }
+
+    /// Acquires `name`; see [`FencedLocks::acquire`].
+    ///
+    /// # Errors
+    /// [`LockError::InvalidInput`] (name, lock-delay), [`LockError::WouldBlock`],
+    /// [`LockError::WaitTimeout`], [`LockError::SessionExpired`],
+    /// [`LockError::Unavailable`].
+    pub async fn acquire(&self, name: &str, options: &LockOptions) -> Result<EtcdLease, LockError> {
+        palisade_core::limits::validate_name(name)
+            .map_err(|e| LockError::InvalidInput(e.to_string()))?;
+        if !options.lock_delay.is_zero() {
+            return Err(LockError::InvalidInput(
+                "the etcd backend has no lock-delay".into(),
+            ));
+        }
+        let s = &self.session;
+        if s.guaranteed_until
+            .borrow()
+            .saturating_duration_since(Instant::now())
+            .is_zero()
+        {
+            return Err(LockError::SessionExpired);
+        }
+        let prefix = format!("{PREFIX}{name}/").into_bytes();
+        let mut key = prefix.clone();
+        key.extend_from_slice(format!("{:016x}", s.lease).as_bytes());
+        let give_up = Instant::now() + options.wait;
+        let budget = Duration::from_secs(10);
+        // Create our key unless this session has it already.
+        let txn = pb::TxnRequest {
+            compare: vec![pb::Compare {
+                result: CompareResult::Equal as i32,
+                target: CompareTarget::Create as i32,
+                key: key.clone(),
+                target_union: Some(TargetUnion::CreateRevision(0)),
+                range_end: Vec::new(),
+            }],
+            success: vec![pb::RequestOp {
+                request: Some(Op::RequestPut(pb::PutRequest {
+                    key: key.clone(),
+                    value: Vec::new(),
+                    lease: s.lease,
+                    ..Default::default()
+                })),
+            }],
+            failure: vec![pb::RequestOp {
+                request: Some(Op::RequestRange(pb::RangeRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })),
+            }],
+        };
+        let reply = s
+            .members
+            .call(budget, |ch| {
+                let txn = txn.clone();
+                async move { KvClient::new(ch).txn(txn).await }
+            })
+            .await?;
+        let my_rev = if reply.succeeded {
+            reply.header.map_or(0, |h| h.revision)
+        } else {
+            reply
+                .responses
+                .iter()
+                .find_map(|r| match &r.response {
+                    Some(pb::response_op::Response::ResponseRange(range)) => {
+                        range.kvs.first().map(|kv| kv.create_revision)
+                    }
+                    _ => None,
+                })
+                .unwrap_or(0)
+        };
+        let token = u64::try_from(my_rev)
+            .ok()
+            .and_then(FencingToken::new)
+            .ok_or_else(|| unavailable(format!("etcd returned revision {my_rev}")))?;
+        let outcome = self
+            .wait_for_predecessors(&prefix, &key, my_rev, options.wait, give_up)
+            .await;
+        match outcome {
+            Ok(()) => Ok(EtcdLease {
+                session: self.session.clone(),
+                name: name.to_owned(),
+                key,
+                token,
+                released: false,
+            }),
+            Err(e) => {
+                // Leave nothing behind: our queue entry goes.
+                let _ = delete(s, &key).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits until no key of `prefix` was created before ours.
+    async fn wait_for_predecessors(
+        &self,
+        prefix: &[u8],
+        key: &[u8],
+        my_rev: i64,
+        wait: Duration,
+        give_up: Instant,
+    ) -> Result<(), LockError> {
+        let s = &self.session;
+        let budget = Duration::from_secs(10);
+        loop {
+            let range = pb::RangeRequest {
+                key: prefix.to_vec(),
+                range_end: prefix_end(prefix),
+                limit: 1,
+                sort_order: pb::range_request::SortOrder::Descend as i32,
+                sort_target: pb::range_request::SortTarget::Create as i32,
+                max_create_revision: my_rev - 1,
+                ..Default::default()
+            };
+            let found = s
+                .members
+                .call(budget, |ch| {
+                    let range = range.clone();
+                    async move { KvClient::new(ch).range(range).await }
+                })
+                .await?;
+            let Some(predecessor) = found.kvs.first() else {
+                // Ours is the oldest key; is it still there (session alive)?
+                let mine = s
+                    .members
+                    .call(budget, |ch| {
+                        let key = key.to_vec();
+                        async move {
+                            KvClient::new(ch)
+                                .range(pb::RangeRequest {
+                                    key,
+                                    ..Default::default()
+                                })
+                                .await
+                        }
+                    })
+                    .await?;
+                return if mine.kvs.is_empty() {
+                    Err(LockError::SessionExpired)
+                } else {
+                    Ok(())
+                };
+            };
+            if wait.is_zero() {
+                return Err(LockError::WouldBlock);
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(LockError::WaitTimeout);
+            }
+            let start = found.header.map_or(0, |h| h.revision) + 1;
+            let deleted = watch_delete(s, predecessor.key.clone(), start);
+            match tokio::time::timeout(give_up - now, deleted).await {
+                Ok(()) => continue,
+                Err(_) => return Err(LockError::WaitTimeout),
+            }
+        }
+    }
+}
+
+/// Completes when `key` is deleted at or after `start` (or the watch breaks,
+/// which the caller answers by looking again).
+async fn watch_delete(s: &Session, key: Vec<u8>, start: i64) {
+    let (tx, rx) = mpsc::channel(1);
+    let create = pb::WatchRequest {
+        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+            pb::WatchCreateRequest {
+                key,
+                start_revision: start,
+                ..Default::default()
+            },
+        )),
+    };
+    if tx.send(create).await.is_err() {
+        return;
+    }
+    let Ok(reply) = WatchClient::new(s.members.pick())
+        .watch(ReceiverStream::new(rx))
+        .await
+    else {
+        s.members.rotate();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        return;
+    };
+    let mut events = reply.into_inner();
+    while let Some(Ok(resp)) = events.next().await {
+        if resp.canceled
+            || resp
+                .events
+                .iter()
+                .any(|e| e.r#type == pb::event::EventType::Delete as i32)
+        {
+            return;
+        }
+    }
+    // The stream ended (the member went away): look again.
+    s.members.rotate();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(tx);
+}
+
+async fn delete(s: &Session, key: &[u8]) -> Result<i64, LockError> {
+    let reply = s
+        .members
+        .call(Duration::from_secs(5), |ch| {
+            let key = key.to_vec();
+            async move {
+                KvClient::new(ch)
+                    .delete_range(pb::DeleteRangeRequest {
+                        key,
+                        ..Default::default()
+                    })
+                    .await
+            }
+        })
+        .await?;
+    Ok(reply.deleted)
+}
+
+/// Keeps the session's lease alive over one stream, reopened after failures.
+async fn keep_alive(session: std::sync::Weak<Session>) {
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        let (every, lease) = (s.ttl / 3, s.lease);
+        let (tx, rx) = mpsc::channel(4);
+        // The first request goes in before the call: the server answers the
+        // call's headers only once it has a request to answer.
+        let mut sent = Instant::now();
+        if tx
+            .send(pb::LeaseKeepAliveRequest { id: lease })
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let call = tokio::time::timeout(
+            every.max(Duration::from_millis(100)),
+            LeaseClient::new(s.members.pick()).lease_keep_alive(ReceiverStream::new(rx)),
+        )
+        .await;
+        let mut replies = match call {
+            Ok(Ok(r)) => r.into_inner(),
+            failed => {
+                tracing::debug!(?failed, "etcd keep-alive stream failed; next member");
+                s.members.rotate();
+                drop(s);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        drop(s);
+        loop {
+            let reply =
+                tokio::time::timeout(every.max(Duration::from_millis(100)), replies.next()).await;
+            let Some(s) = session.upgrade() else { return };
+            match reply {
+                Ok(Some(Ok(r))) if r.ttl > 0 => {
+                    let until = sent + s.ttl - s.margin;
+                    s.guaranteed_until.send_if_modified(|current| {
+                        let later = until > *current;
+                        if later {
+                            *current = until;
+                        }
+                        later
+                    });
+                }
+                Ok(Some(Ok(_))) => {
+                    tracing::warn!(lease, "etcd lease expired");
+                    s.guaranteed_until.send_replace(Instant::now());
+                    return;
+                }
+                _ => {
+                    tracing::debug!(lease, "etcd keep-alive failed; reopening");
+                    s.members.rotate();
+                    break;
+                }
+            }
+            drop(s);
+            tokio::time::sleep(every).await;
+            sent = Instant::now();
+            if tx
+                .send(pb::LeaseKeepAliveRequest { id: lease })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl FencedLocks for EtcdLocks {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        options: &'a LockOptions,
+    ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
+        Box::pin(async move {
+            let lease = EtcdLocks::acquire(self, name, options).await?;
+            Ok(Box::new(lease) as Box<dyn FencedLease>)
+        })
+    }
+
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+        Box::pin(async move {
+            let s = &self.session;
+            s.stop_keep_alive();
+            let lease = s.lease;
+            s.members
+                .call(Duration::from_secs(5), |ch| async move {
+                    LeaseClient::new(ch)
+                        .lease_revoke(pb::LeaseRevokeRequest { id: lease })
+                        .await
+                })
+                .await
+                .map(|_| ())
+        })
+    }
+}
+
+/// One hold of an etcd lock. Dropping it deletes the key in the background.
+pub struct EtcdLease {
+    session: Arc<Session>,
+    name: String,
+    key: Vec<u8>,
+    token: FencingToken,
+    released: bool,
+}
+
+impl EtcdLease {
+    /// Releases the hold (deletes its key; the next waiter is woken by etcd).
+    ///
+    /// # Errors
+    /// [`LockError::NotHolder`] when the key was already gone (the session
+    /// expired); [`LockError::Unavailable`].
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        match delete(&self.session, &self.key).await? {
+            1 => Ok(()),
+            _ => Err(LockError::NotHolder(format!(
+                "the hold on {:?} had already ended (its session expired)",
+                self.name
+            ))),
+        }
+    }
+}
+
+impl FencedLease for EtcdLease {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn remaining(&self) -> Duration {
+        self.session
+            .guaranteed_until
+            .borrow()
+            .saturating_duration_since(Instant::now())
+    }
+
+    fn guaranteed_until(&self) -> Instant {
+        *self.session.guaranteed_until.borrow()
+    }
+
+    fn state(&self) -> LeaseState {
+        LeaseState::classify(self.remaining(), self.session.ttl / 2)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, ()> {
+        let mut rx = self.session.guaranteed_until.subscribe();
+        Box::pin(async move {
+            loop {
+                let until = *rx.borrow_and_update();
+                if until <= Instant::now() {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(until.into()) => {}
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+            }
+        })
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+        Box::pin(async move { (*self).release().await })
+    }
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (session, key) = (self.session.clone(), std::mem::take(&mut self.key));
+            rt.spawn(async move {
+                let _ = delete(&session, &key).await;
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_bounds_exactly_the_prefix() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+}

@@ -1,0 +1,165 @@
+//! A real etcd cluster: `etcd` processes (Debian's `etcd-server`, or the binary
+//! named by `PALISADE_ETCD`), each with its own data directory.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{free_port, loopback, wait_until};
+
+/// One member of an [`EtcdCluster`].
+pub struct EtcdMember {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl EtcdMember {
+    /// `127.0.0.1:PORT`: where clients reach it.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+/// `n` etcd members forming one cluster on loopback, stopped on drop.
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    members: Vec<EtcdMember>,
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("PALISADE_ETCD").map_or_else(|| PathBuf::from("etcd"), PathBuf::from)
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until each accepts connections.
+    ///
+    /// # Errors
+    /// When `etcd` is missing or a member does not come up in 30 s.
+    pub fn start(n: usize) -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("palisade-etcd").tempdir()?;
+        let mut members = Vec::new();
+        for i in 1..=n {
+            members.push(EtcdMember {
+                name: format!("m{i}"),
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                child: None,
+            });
+        }
+        let mut cluster = EtcdCluster {
+            dir,
+            bin: binary(),
+            members,
+        };
+        for i in 0..n {
+            cluster.start_member(i)?;
+        }
+        Ok(cluster)
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn log_path(&self, i: usize) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("{}.log", self.members[i].name))
+    }
+
+    /// Starts (or restarts, on the same ports and data) member `i` (0-based).
+    ///
+    /// # Errors
+    /// When it does not accept connections within 30 s.
+    pub fn start_member(&mut self, i: usize) -> std::io::Result<()> {
+        self.kill(i);
+        let initial = self.initial_cluster();
+        let m = &self.members[i];
+        let data = self.dir.path().join(&m.name);
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(i))?;
+        let mut child = Command::new(&self.bin)
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &initial])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "palisade-test"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot start {:?} (apt-get install etcd-server): {e}",
+                        self.bin
+                    ),
+                )
+            })?;
+        let port = m.client_port;
+        let up = wait_until(Duration::from_secs(30), || {
+            matches!(child.try_wait(), Ok(None))
+                && TcpStream::connect_timeout(&loopback(port), Duration::from_millis(200)).is_ok()
+        });
+        if !up {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other(format!(
+                "etcd member {} did not start: {}",
+                m.name,
+                std::fs::read_to_string(self.log_path(i)).unwrap_or_default()
+            )));
+        }
+        self.members[i].child = Some(child);
+        Ok(())
+    }
+
+    /// `kill -9` of member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The members.
+    pub fn members(&self) -> &[EtcdMember] {
+        &self.members
+    }
+
+    /// Every member's client address.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdMember::addr).collect()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
