@@ -14,6 +14,7 @@ use palisade_core::{FencedLocks, LockError};
 pub const SCHEMES: &[(&str, &str)] = &[
     ("palisade", "palisade://HOST:PORT[,HOST:PORT…]"),
     ("etcd", "etcd://HOST:PORT[,HOST:PORT…]"),
+    ("zk", "zk://HOST:PORT[,HOST:PORT…][/chroot]"),
     ("postgres", "postgres://USER@HOST:PORT/DB"),
     ("postgresql", "postgresql://USER@HOST:PORT/DB"),
 ];
@@ -115,6 +116,19 @@ pub async fn connect(
                 .collect();
             Ok(Box::new(
                 palisade_etcd::EtcdLocks::connect(&endpoints, session.ttl).await?,
+            ))
+        }
+        "zk" => {
+            if session.tls.is_some() || session.bearer_token.is_some() {
+                return Err(LockError::InvalidInput(
+                    "the zookeeper backend speaks plaintext for now; \
+                     --ca/--cert/--token-file are for palisade://"
+                        .into(),
+                ));
+            }
+            Ok(Box::new(
+                palisade_zookeeper::ZkLocks::connect(url.rest.trim_end_matches('/'), session.ttl)
+                    .await?,
             ))
         }
         "postgres" | "postgresql" => {

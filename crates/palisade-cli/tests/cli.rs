@@ -363,3 +363,37 @@ fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
     let third = token();
     assert!(third > second, "{first} {second} {third}");
 }
+
+#[test]
+fn lock_on_zookeeper_passes_increasing_tokens_also_across_a_kill9() {
+    let mut zk = palisade_testkit::ZooKeeperEnsemble::start(3).unwrap();
+    let url = format!("zk://{}", zk.connect_string());
+    let token = || {
+        let out = Command::new(bin())
+            .args(["lock", "jobs/demo", "--backend", &url, "--wait", "30s"])
+            .args(["--ttl", "4s", "--"])
+            .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let (first, second) = (token(), token());
+    assert!(second > first);
+    for i in 0..3 {
+        zk.kill(i);
+    }
+    for i in 0..3 {
+        zk.start_server(i).unwrap();
+    }
+    let third = token();
+    assert!(third > second, "{first} {second} {third}");
+}

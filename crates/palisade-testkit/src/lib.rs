@@ -11,12 +11,14 @@ mod palisade;
 mod postgres;
 mod redis;
 mod silent;
+mod zookeeper;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use palisade::PalisadeNode;
 pub use postgres::PostgresServer;
 pub use redis::RedisServer;
 pub use silent::SilentServer;
+pub use zookeeper::ZooKeeperEnsemble;
 
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};

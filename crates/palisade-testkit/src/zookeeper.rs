@@ -1,0 +1,165 @@
+//! A real ZooKeeper ensemble: Java `QuorumPeerMain` processes from Debian's
+//! `zookeeper` package (`/usr/share/java/zookeeper.jar`, or the jar named by
+//! `PALISADE_ZOOKEEPER_JAR`), each with its own data directory.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{free_port, loopback, wait_until};
+
+struct Server {
+    client_port: u16,
+    quorum_port: u16,
+    election_port: u16,
+    child: Option<Child>,
+}
+
+/// `n` ZooKeeper servers forming one ensemble on loopback, stopped on drop.
+/// `tickTime` is 200 ms, so session timeouts from 0.4 s to 4 s are accepted.
+pub struct ZooKeeperEnsemble {
+    dir: tempfile::TempDir,
+    servers: Vec<Server>,
+}
+
+fn jar() -> PathBuf {
+    std::env::var_os("PALISADE_ZOOKEEPER_JAR").map_or_else(
+        || PathBuf::from("/usr/share/java/zookeeper.jar"),
+        PathBuf::from,
+    )
+}
+
+impl ZooKeeperEnsemble {
+    /// Starts `n` servers and waits until each accepts connections.
+    ///
+    /// # Errors
+    /// When Java or the jar is missing, or a server does not come up in 60 s.
+    pub fn start(n: usize) -> std::io::Result<Self> {
+        if !jar().exists() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{} missing (apt-get install zookeeper)", jar().display()),
+            ));
+        }
+        let dir = tempfile::Builder::new().prefix("palisade-zk").tempdir()?;
+        let mut servers = Vec::new();
+        for _ in 0..n {
+            servers.push(Server {
+                client_port: free_port()?,
+                quorum_port: free_port()?,
+                election_port: free_port()?,
+                child: None,
+            });
+        }
+        let mut ensemble = ZooKeeperEnsemble { dir, servers };
+        for i in 0..n {
+            ensemble.write_config(i)?;
+        }
+        for i in 0..n {
+            ensemble.start_server(i)?;
+        }
+        Ok(ensemble)
+    }
+
+    fn server_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("zk{}", i + 1))
+    }
+
+    fn write_config(&self, i: usize) -> std::io::Result<()> {
+        let dir = self.server_dir(i);
+        std::fs::create_dir_all(dir.join("data"))?;
+        std::fs::write(dir.join("data/myid"), format!("{}\n", i + 1))?;
+        let mut cfg = format!(
+            "tickTime=200\ninitLimit=50\nsyncLimit=25\ndataDir={}\nclientPort={}\n\
+             clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+             4lw.commands.whitelist=srvr\nmaxSessionTimeout=20000\n",
+            dir.join("data").display(),
+            self.servers[i].client_port
+        );
+        if self.servers.len() > 1 {
+            for (j, s) in self.servers.iter().enumerate() {
+                cfg.push_str(&format!(
+                    "server.{}=127.0.0.1:{}:{}\n",
+                    j + 1,
+                    s.quorum_port,
+                    s.election_port
+                ));
+            }
+        }
+        std::fs::write(dir.join("zoo.cfg"), cfg)
+    }
+
+    /// Starts (or restarts, on the same ports and data) server `i` (0-based).
+    ///
+    /// # Errors
+    /// When it does not accept connections within 60 s.
+    pub fn start_server(&mut self, i: usize) -> std::io::Result<()> {
+        self.kill(i);
+        let dir = self.server_dir(i);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("server.log"))?;
+        let mut child = Command::new("java")
+            .args(["-Xmx256m", "-XX:+UseSerialGC", "-cp"])
+            .arg(jar())
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(dir.join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot start java (apt-get install zookeeper): {e}"),
+                )
+            })?;
+        let port = self.servers[i].client_port;
+        let up = wait_until(Duration::from_secs(60), || {
+            matches!(child.try_wait(), Ok(None))
+                && TcpStream::connect_timeout(&loopback(port), Duration::from_millis(200)).is_ok()
+        });
+        if !up {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other(format!(
+                "zookeeper server {} did not start: {}",
+                i + 1,
+                std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+            )));
+        }
+        self.servers[i].child = Some(child);
+        Ok(())
+    }
+
+    /// `kill -9` of server `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.servers[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Every server's client address, `127.0.0.1:PORT`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.client_port))
+            .collect()
+    }
+
+    /// ZooKeeper's connect string: `HOST:PORT,HOST:PORT,…`.
+    pub fn connect_string(&self) -> String {
+        self.endpoints().join(",")
+    }
+}
+
+impl Drop for ZooKeeperEnsemble {
+    fn drop(&mut self) {
+        for i in 0..self.servers.len() {
+            self.kill(i);
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! Correctness locks on ZooKeeper, behind [`FencedLocks`]: Curator's
+//! `InterProcessMutex` recipe with a fencing token.
+//!
+//! # Design
+//! - **Session** = one ZooKeeper session (the `zookeeper-client` crate), its
+//!   timeout negotiated with the ensemble. The client's guarantee counts from
+//!   the moment its last successful round trip to the ensemble was *sent* (a
+//!   `stat` of the root every third of the timeout; every request also restarts
+//!   the server's session timer), on its monotonic clock, minus a safety margin.
+//!   Connected = held; disconnected = jeopardy while that guarantee lasts;
+//!   expired = lost at once.
+//! - **Acquire**: an ephemeral-sequential child `lock-NNNNNNNNNN` under the
+//!   lock's container node `/palisade/locks/NAME` (a container: ZooKeeper removes
+//!   it once empty, so locks leave nothing behind). The lowest sequence holds the
+//!   lock; every other waiter watches only its predecessor (no herd) and looks
+//!   again when it goes.
+//! - **Token** = the `czxid` of the own znode: the zxid of the transaction that
+//!   created it. Zxids carry the leader's epoch in their high 32 bits, so they
+//!   only grow across leader changes and restarts, and a later holder's node was
+//!   created later.
+//! - A wait that ends unanswered (or `wait = 0` on a held lock) deletes the own
+//!   node. Lock names are escaped into one path segment (`jobs/nightly` is
+//!   `/palisade/locks/jobs%2Fnightly`). No lock-delay; plaintext.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use palisade_core::lock::BoxFuture;
+use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
+use tokio::sync::watch;
+use zookeeper_client as zk;
+
+/// The backend's name in errors and URLs.
+pub const BACKEND: &str = "zookeeper";
+
+/// Where every lock lives.
+pub const LOCKS: &str = "/palisade/locks";
+
+fn unavailable(detail: impl std::fmt::Display) -> LockError {
+    LockError::Unavailable {
+        backend: BACKEND,
+        detail: detail.to_string(),
+    }
+}
+
+fn zk_error(e: zk::Error) -> LockError {
+    match e {
+        zk::Error::NoAuth | zk::Error::AuthFailed => {
+            LockError::PermissionDenied(format!("zookeeper: {e}"))
+        }
+        zk::Error::SessionExpired => LockError::SessionExpired,
+        zk::Error::BadArguments(_) => LockError::InvalidInput(format!("zookeeper: {e}")),
+        e => unavailable(e),
+    }
+}
+
+struct Session {
+    client: zk::Client,
+    ttl: Duration,
+    margin: Duration,
+    guaranteed_until: watch::Sender<Instant>,
+    /// Set right after the session is built (the task needs the session).
+    heartbeat: std::sync::OnceLock<tokio::task::AbortHandle>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(task) = self.heartbeat.get() {
+            task.abort();
+        }
+    }
+}
+
+/// Correctness locks on a ZooKeeper ensemble: one session per value.
+pub struct ZkLocks {
+    session: Arc<Session>,
+}
+
+impl ZkLocks {
+    /// Connects to `cluster` (`HOST:PORT,HOST:PORT[/chroot]`, ZooKeeper's connect
+    /// string) with a session timeout of `ttl` (the ensemble may bound it: the
+    /// negotiated one is used).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidInput`] for a bad connect string, TTL or a chroot that
+    /// does not exist; [`LockError::Unavailable`] when no server answers.
+    pub async fn connect(cluster: &str, ttl: Duration) -> Result<ZkLocks, LockError> {
+        palisade_core::limits::validate_ttl(ttl)
+            .map_err(|e| LockError::InvalidInput(e.to_string()))?;
+        if cluster.is_empty() || cluster.contains("://") {
+            return Err(LockError::InvalidInput(format!(
+                "zookeeper connect string {cluster:?}: expected HOST:PORT[,HOST:PORT…][/chroot]"
+            )));
+        }
+        let sent = Instant::now();
+        let client = tokio::time::timeout(
+            Duration::from_secs(10),
+            zk::Client::connector()
+                .with_session_timeout(ttl)
+                .connect(cluster),
+        )
+        .await
+        .map_err(|_| unavailable(format!("no server of {cluster:?} answered in 10 s")))?
+        .map_err(|e| match e {
+            zk::Error::BadArguments(_) | zk::Error::NoHosts => {
+                LockError::InvalidInput(format!("zookeeper connect string {cluster:?}: {e}"))
+            }
+            e => zk_error(e),
+        })?;
+        if client.check_stat("/").await.map_err(zk_error)?.is_none() {
+            return Err(LockError::InvalidInput(format!(
+                "zookeeper chroot of {cluster:?} does not exist: create it first"
+            )));
+        }
+        let ttl = client.session_timeout();
+        let margin = (ttl / 10).max(Duration::from_millis(50)).min(ttl / 2);
+        let session = Arc::new(Session {
+            client,
+            ttl,
+            margin,
+            guaranteed_until: watch::Sender::new(sent + ttl - margin),
+            heartbeat: std::sync::OnceLock::new(),
+        });
+        let task = tokio::spawn(heartbeat(Arc::downgrade(&session)));
+        let _ = session.heartbeat.set(task.abort_handle());
+        Ok(ZkLocks { session })
+    }
+
+    async fn ensure_parent(&self, parent: &str) -> Result<(), LockError> {
+        let client = &self.session.client;
+        for (path, mode) in [
+            ("/palisade", zk::CreateMode::Persistent),
+            (LOCKS, zk::CreateMode::Persistent),
+            (parent, zk::CreateMode::Container),
+        ] {
+            match client
+                .create(path, &[], &mode.with_acls(zk::Acls::anyone_all()))
+                .await
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(zk_error(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Acquires `name`; see [`FencedLocks::acquire`].
+    ///
+    /// # Errors
+    /// [`LockError::InvalidInput`] (name, lock-delay), [`LockError::WouldBlock`],
+    /// [`LockError::WaitTimeout`], [`LockError::SessionExpired`],
+    /// [`LockError::Unavailable`].
+    pub async fn acquire(&self, name: &str, options: &LockOptions) -> Result<ZkLease, LockError> {
+        palisade_core::limits::validate_name(name)
+            .map_err(|e| LockError::InvalidInput(e.to_string()))?;
+        if !options.lock_delay.is_zero() {
+            return Err(LockError::InvalidInput(
+                "the zookeeper backend has no lock-delay".into(),
+            ));
+        }
+        let s = &self.session;
+        if s.guaranteed_until
+            .borrow()
+            .saturating_duration_since(Instant::now())
+            .is_zero()
+        {
+            return Err(LockError::SessionExpired);
+        }
+        let parent = format!("{LOCKS}/{}", znode_segment(name));
+        let give_up = Instant::now() + options.wait;
+        // The container may vanish between its creation and our child's (it is
+        // removed when empty): create both again then.
+        let mut attempts = 0;
+        let (stat, sequence) = loop {
+            self.ensure_parent(&parent).await?;
+            match s
+                .client
+                .create(
+                    &format!("{parent}/lock-"),
+                    &[],
+                    &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+                )
+                .await
+            {
+                Ok(created) => break created,
+                Err(zk::Error::NoNode) if attempts < 5 => attempts += 1,
+                Err(e) => return Err(zk_error(e)),
+            }
+        };
+        let me = format!("lock-{sequence}");
+        let path = format!("{parent}/{me}");
+        let token = u64::try_from(stat.czxid)
+            .ok()
+            .and_then(FencingToken::new)
+            .ok_or_else(|| unavailable(format!("zookeeper returned czxid {}", stat.czxid)))?;
+        match self
+            .wait_for_turn(&parent, &me, options.wait, give_up)
+            .await
+        {
+            Ok(()) => Ok(ZkLease {
+                session: self.session.clone(),
+                name: name.to_owned(),
+                path,
+                token,
+                released: false,
+            }),
+            Err(e) => {
+                let _ = s.client.delete(&path, None).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn wait_for_turn(
+        &self,
+        parent: &str,
+        me: &str,
+        wait: Duration,
+        give_up: Instant,
+    ) -> Result<(), LockError> {
+        let client = &self.session.client;
+        loop {
+            let (mut children, _) = client.get_children(parent).await.map_err(zk_error)?;
+            // Sequence numbers are zero-padded: name order is queue order.
+            children.sort();
+            let Some(at) = children.iter().position(|c| c == me) else {
+                return Err(LockError::SessionExpired);
+            };
+            if at == 0 {
+                return Ok(());
+            }
+            if wait.is_zero() {
+                return Err(LockError::WouldBlock);
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(LockError::WaitTimeout);
+            }
+            let predecessor = format!("{parent}/{}", children[at - 1]);
+            let (exists, watcher) = client
+                .check_and_watch_stat(&predecessor)
+                .await
+                .map_err(zk_error)?;
+            if exists.is_none() {
+                continue;
+            }
+            if tokio::time::timeout(give_up - now, watcher.changed())
+                .await
+                .is_err()
+            {
+                return Err(LockError::WaitTimeout);
+            }
+        }
+    }
+}
+
+/// A lock name as one znode path segment: `%` and `/` are escaped (so
+/// `jobs/nightly` is one lock, not a nested path), and so are the dots of the
+/// names ZooKeeper refuses (`.` and `..`).
+fn znode_segment(name: &str) -> String {
+    if name == "." || name == ".." {
+        return name.replace('.', "%2E");
+    }
+    name.replace('%', "%25").replace('/', "%2F")
+}
+
+/// A round trip every third of the session timeout moves the guarantee; an
+/// expired session ends it at once.
+async fn heartbeat(session: std::sync::Weak<Session>) {
+    let mut states = match session.upgrade() {
+        Some(s) => s.client.state_watcher(),
+        None => return,
+    };
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        let every = s.ttl / 3;
+        let sent = Instant::now();
+        let probe = tokio::time::timeout(every, s.client.check_stat("/")).await;
+        match probe {
+            Ok(Ok(_)) => {
+                let until = sent + s.ttl - s.margin;
+                s.guaranteed_until.send_if_modified(|current| {
+                    let later = until > *current;
+                    if later {
+                        *current = until;
+                    }
+                    later
+                });
+            }
+            Ok(Err(zk::Error::SessionExpired)) => {
+                s.guaranteed_until.send_replace(Instant::now());
+                return;
+            }
+            _ => {}
+        }
+        if matches!(
+            states.peek_state(),
+            zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+        ) {
+            tracing::warn!("zookeeper session ended");
+            s.guaranteed_until.send_replace(Instant::now());
+            return;
+        }
+        drop(s);
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            _ = states.changed() => {}
+        }
+    }
+}
+
+impl FencedLocks for ZkLocks {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        options: &'a LockOptions,
+    ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
+        Box::pin(async move {
+            let lease = ZkLocks::acquire(self, name, options).await?;
+            Ok(Box::new(lease) as Box<dyn FencedLease>)
+        })
+    }
+
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+        // The session (and every ephemeral node of it) ends when the last
+        // holder of it is dropped.
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// One hold of a ZooKeeper lock. Dropping it deletes the node in the background.
+pub struct ZkLease {
+    session: Arc<Session>,
+    name: String,
+    path: String,
+    token: FencingToken,
+    released: bool,
+}
+
+impl ZkLease {
+    /// Releases the hold (deletes its node; the next waiter's watch fires).
+    ///
+    /// # Errors
+    /// [`LockError::NotHolder`] when the node was already gone (the session
+    /// expired); [`LockError::Unavailable`].
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        match self.session.client.delete(&self.path, None).await {
+            Ok(()) => Ok(()),
+            Err(zk::Error::NoNode) => Err(LockError::NotHolder(format!(
+                "the hold on {:?} had already ended (its session expired)",
+                self.name
+            ))),
+            Err(e) => Err(zk_error(e)),
+        }
+    }
+}
+
+impl FencedLease for ZkLease {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn remaining(&self) -> Duration {
+        self.session
+            .guaranteed_until
+            .borrow()
+            .saturating_duration_since(Instant::now())
+    }
+
+    fn guaranteed_until(&self) -> Instant {
+        *self.session.guaranteed_until.borrow()
+    }
+
+    fn state(&self) -> LeaseState {
+        LeaseState::classify(self.remaining(), self.session.ttl / 2)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, ()> {
+        let mut rx = self.session.guaranteed_until.subscribe();
+        Box::pin(async move {
+            loop {
+                let until = *rx.borrow_and_update();
+                if until <= Instant::now() {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(until.into()) => {}
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+            }
+        })
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+        Box::pin(async move { (*self).release().await })
+    }
+}
+
+impl Drop for ZkLease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (session, path) = (self.session.clone(), std::mem::take(&mut self.path));
+            rt.spawn(async move {
+                let _ = session.client.delete(&path, None).await;
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for ZkLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkLease")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_one_distinct_segment() {
+        assert_eq!(znode_segment("jobs/nightly"), "jobs%2Fnightly");
+        assert_eq!(znode_segment("a%2Fb"), "a%252Fb");
+        assert_ne!(znode_segment("a/b"), znode_segment("a%2Fb"));
+        assert_eq!(znode_segment(".."), "%2E%2E");
+        assert_eq!(znode_segment("plain-name_1"), "plain-name_1");
+    }
+}

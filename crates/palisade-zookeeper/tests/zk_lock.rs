@@ -1,0 +1,152 @@
+//! The ZooKeeper backend against a real 3-server ensemble (Debian's
+//! `zookeeper`), killed with `kill -9` and cut off through the fault proxy.
+//! No assertion depends on how fast the machine is.
+
+use std::time::{Duration, Instant};
+
+use palisade_core::{FencedLease, LockError, LockOptions};
+use palisade_faultproxy::FaultProxy;
+use palisade_testkit::ZooKeeperEnsemble;
+use palisade_zookeeper::ZkLocks;
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// A lock name with a slash, as users write them.
+const NAME: &str = "jobs/demo";
+
+fn now_or_never() -> LockOptions {
+    LockOptions::default()
+}
+
+fn waiting(secs: u64) -> LockOptions {
+    LockOptions {
+        wait: Duration::from_secs(secs),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_also_across_a_kill9_of_every_server() {
+    let mut zk = ZooKeeperEnsemble::start(3).unwrap();
+    let endpoints = zk.connect_string();
+    let mut tokens = Vec::new();
+    {
+        let locks = ZkLocks::connect(&endpoints, TTL).await.unwrap();
+        for _ in 0..2 {
+            let lease = locks.acquire(NAME, &now_or_never()).await.unwrap();
+            tokens.push(lease.token().get());
+            lease.release().await.unwrap();
+        }
+    }
+    for i in 0..3 {
+        zk.kill(i);
+    }
+    for i in 0..3 {
+        zk.start_server(i).unwrap();
+    }
+    let locks = ZkLocks::connect(&endpoints, TTL).await.unwrap();
+    let after = locks.acquire(NAME, &waiting(60)).await.unwrap();
+    tokens.push(after.token().get());
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must only grow: {tokens:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_order_with_higher_tokens_and_timeouts_leave_nothing() {
+    let zk = ZooKeeperEnsemble::start(3).unwrap();
+    let endpoints = zk.connect_string();
+    let a = ZkLocks::connect(&endpoints, TTL).await.unwrap();
+    let b = ZkLocks::connect(&endpoints, TTL).await.unwrap();
+    let held = a.acquire("x", &now_or_never()).await.unwrap();
+    assert_eq!(
+        b.acquire("x", &now_or_never()).await.unwrap_err(),
+        LockError::WouldBlock
+    );
+    let e = b
+        .acquire(
+            "x",
+            &LockOptions {
+                wait: Duration::from_millis(300),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e, LockError::WaitTimeout);
+    // Kept alive past several TTLs: still held.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(!held.remaining().is_zero());
+    let first = held.token();
+    let waiter = tokio::spawn(async move { b.acquire("x", &waiting(60)).await.map(|l| l.token()) });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second > first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_loses_its_lease_before_another_is_granted() {
+    let zk = ZooKeeperEnsemble::start(3).unwrap();
+    let mut proxies = Vec::new();
+    for e in zk.endpoints() {
+        proxies.push(FaultProxy::start(e.parse().unwrap()).await.unwrap());
+    }
+    let via: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let cut_off = ZkLocks::connect(&via.join(","), TTL).await.unwrap();
+    let held = cut_off.acquire("p", &now_or_never()).await.unwrap();
+    let lost = held.lost();
+    for p in &proxies {
+        p.link().partition();
+    }
+    let other = ZkLocks::connect(&zk.connect_string(), TTL).await.unwrap();
+    let granted = other.acquire("p", &waiting(60)).await.unwrap();
+    let at_grant = Instant::now();
+    assert!(
+        held.guaranteed_until() <= at_grant,
+        "two holders inside their guarantees"
+    );
+    tokio::time::timeout(Duration::from_secs(1), lost)
+        .await
+        .expect("lost() had fired");
+    assert!(granted.token() > held.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_typed_errors() {
+    let zk = ZooKeeperEnsemble::start(1).unwrap();
+    let locks = ZkLocks::connect(&zk.connect_string(), TTL).await.unwrap();
+    assert!(matches!(
+        locks.acquire("", &now_or_never()).await.unwrap_err(),
+        LockError::InvalidInput(_)
+    ));
+    assert!(matches!(
+        locks
+            .acquire(
+                "x",
+                &LockOptions {
+                    lock_delay: Duration::from_secs(1),
+                    ..Default::default()
+                }
+            )
+            .await
+            .unwrap_err(),
+        LockError::InvalidInput(_)
+    ));
+    for bad in ["", "zk://127.0.0.1:1"] {
+        assert!(matches!(
+            ZkLocks::connect(bad, TTL).await.err().unwrap(),
+            LockError::InvalidInput(_)
+        ));
+    }
+    // A chroot that does not exist is named as such.
+    let e = ZkLocks::connect(&format!("{}/no/such/chroot", zk.connect_string()), TTL)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, LockError::InvalidInput(ref m) if m.contains("chroot")),
+        "{e:?}"
+    );
+}
