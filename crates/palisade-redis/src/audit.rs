@@ -358,8 +358,10 @@ fn check(reports: &[NodeReport], max_ttl: Option<Duration>) -> Vec<Finding> {
                 ),
             );
         }
+        // `uptime_in_seconds` may overstate the real uptime by up to a second
+        // (whole seconds of two truncated wall-clock readings).
         if let (Some(max), Some(up)) = (max_ttl, r.uptime_s)
-            && Duration::from_secs(up) < max
+            && Duration::from_secs(up.saturating_sub(1)) < max
         {
             add(
                 Severity::Warning,

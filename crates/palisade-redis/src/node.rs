@@ -99,9 +99,13 @@ impl Node {
                 .arg("server")
                 .query_async(&mut conn)
                 .await?;
+            // Redis reports whole seconds, the difference of two truncated
+            // wall-clock seconds: it can overstate the real uptime by up to one
+            // second. The rule must never count a node too early, so a second
+            // is taken off.
             let uptime = info_field(&info, "uptime_in_seconds")
                 .and_then(|v| v.parse::<u64>().ok())
-                .map(Duration::from_secs)
+                .map(|s| Duration::from_secs(s.saturating_sub(1)))
                 .unwrap_or(Duration::ZERO);
             *self.uptime.lock().expect("poisoned") = Some(UptimeSample {
                 uptime,
