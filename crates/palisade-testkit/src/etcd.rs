@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_port, loopback, wait_until};
+use crate::{free_ports, loopback, wait_until};
 
 /// One member of an [`EtcdCluster`].
 pub struct EtcdMember {
@@ -46,15 +46,15 @@ impl EtcdCluster {
     /// When `etcd` is missing or a member does not come up in 30 s.
     pub fn start(n: usize) -> std::io::Result<Self> {
         let dir = tempfile::Builder::new().prefix("palisade-etcd").tempdir()?;
-        let mut members = Vec::new();
-        for i in 1..=n {
-            members.push(EtcdMember {
-                name: format!("m{i}"),
-                client_port: free_port()?,
-                peer_port: free_port()?,
+        let ports = free_ports(2 * n)?;
+        let members = (0..n)
+            .map(|i| EtcdMember {
+                name: format!("m{}", i + 1),
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
                 child: None,
-            });
-        }
+            })
+            .collect();
         let mut cluster = EtcdCluster {
             dir,
             bin: binary(),

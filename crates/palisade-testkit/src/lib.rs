@@ -29,6 +29,18 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// `n` distinct loopback ports that were free a moment ago: held all at once
+/// while they are picked, so that one call never returns the same port twice
+/// (two separate [`free_port`] calls may).
+pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let held = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    held.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect()
+}
+
 /// Polls `ready` every 20 ms until it returns true or `limit` passes.
 pub(crate) fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_port, loopback, wait_until};
+use crate::{free_ports, loopback, wait_until};
 
 /// One Palisade node, run from the binary at `bin`, with its data in its own
 /// directory that survives restarts (and is removed on drop).
@@ -27,11 +27,16 @@ impl PalisadeNode {
     /// # Errors
     /// When no port or temporary directory can be had.
     pub fn prepare(bin: &Path, id: u64) -> std::io::Result<Self> {
+        let ports = free_ports(2)?;
+        Self::prepare_on(bin, id, ports[0], ports[1])
+    }
+
+    fn prepare_on(bin: &Path, id: u64, port: u16, peer_port: u16) -> std::io::Result<Self> {
         Ok(PalisadeNode {
             bin: bin.to_owned(),
             id,
-            port: free_port()?,
-            peer_port: free_port()?,
+            port,
+            peer_port,
             dir: tempfile::tempdir()?,
             initial_cluster: None,
             extra_args: Vec::new(),
@@ -69,8 +74,13 @@ impl PalisadeNode {
         n: u64,
         args: impl Fn(u64) -> Vec<String>,
     ) -> std::io::Result<Vec<Self>> {
+        // Every port of the cluster picked at once: all distinct.
+        let ports = free_ports(2 * n as usize)?;
         let mut nodes = (1..=n)
-            .map(|id| Self::prepare(bin, id))
+            .map(|id| {
+                let i = 2 * (id - 1) as usize;
+                Self::prepare_on(bin, id, ports[i], ports[i + 1])
+            })
             .collect::<std::io::Result<Vec<_>>>()?;
         let spec = nodes
             .iter()

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_port, loopback, wait_until};
+use crate::{free_ports, loopback, wait_until};
 
 struct Server {
     client_port: u16,
@@ -43,15 +43,15 @@ impl ZooKeeperEnsemble {
             ));
         }
         let dir = tempfile::Builder::new().prefix("palisade-zk").tempdir()?;
-        let mut servers = Vec::new();
-        for _ in 0..n {
-            servers.push(Server {
-                client_port: free_port()?,
-                quorum_port: free_port()?,
-                election_port: free_port()?,
+        let ports = free_ports(3 * n)?;
+        let servers = (0..n)
+            .map(|i| Server {
+                client_port: ports[3 * i],
+                quorum_port: ports[3 * i + 1],
+                election_port: ports[3 * i + 2],
                 child: None,
-            });
-        }
+            })
+            .collect();
         let mut ensemble = ZooKeeperEnsemble { dir, servers };
         for i in 0..n {
             ensemble.write_config(i)?;
