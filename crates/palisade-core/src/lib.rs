@@ -9,6 +9,8 @@
 //! - [`duration`]: the human duration syntax the CLI accepts (`10s`, `0.2s`, `150ms`).
 
 pub mod duration;
+#[cfg(feature = "runtime")]
+pub mod guarantee;
 pub mod lease;
 pub mod limits;
 pub mod lock;

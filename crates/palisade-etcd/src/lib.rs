@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
 use pb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -40,7 +41,7 @@ use pb::kv_client::KvClient;
 use pb::lease_client::LeaseClient;
 use pb::request_op::Request as Op;
 use pb::watch_client::WatchClient;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
@@ -137,8 +138,7 @@ struct Session {
     members: Members,
     lease: i64,
     ttl: Duration,
-    margin: Duration,
-    guaranteed_until: watch::Sender<Instant>,
+    guarantee: Guarantee,
     /// Set right after the session is built (the task needs the session).
     keep_alive: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
@@ -220,14 +220,12 @@ impl EtcdLocks {
             return Err(unavailable(format!("lease grant: {}", granted.error)));
         }
         let ttl = Duration::from_secs(granted.ttl as u64);
-        let margin = (ttl / 10).max(Duration::from_millis(50)).min(ttl / 2);
-        let guaranteed_until = watch::Sender::new(sent + ttl - margin);
+        let guarantee = Guarantee::new(sent, ttl);
         let session = Arc::new(Session {
             members,
             lease: granted.id,
             ttl,
-            margin,
-            guaranteed_until,
+            guarantee,
             keep_alive: std::sync::OnceLock::new(),
         });
         let task = tokio::spawn(keep_alive(Arc::downgrade(&session)));
@@ -255,11 +253,7 @@ impl EtcdLocks {
             ));
         }
         let s = &self.session;
-        if s.guaranteed_until
-            .borrow()
-            .saturating_duration_since(Instant::now())
-            .is_zero()
-        {
+        if s.guarantee.remaining().is_zero() {
             return Err(LockError::SessionExpired);
         }
         let prefix = format!("{PREFIX}{name}/").into_bytes();
@@ -499,18 +493,11 @@ async fn keep_alive(session: std::sync::Weak<Session>) {
             let Some(s) = session.upgrade() else { return };
             match reply {
                 Ok(Some(Ok(r))) if r.ttl > 0 => {
-                    let until = sent + s.ttl - s.margin;
-                    s.guaranteed_until.send_if_modified(|current| {
-                        let later = until > *current;
-                        if later {
-                            *current = until;
-                        }
-                        later
-                    });
+                    s.guarantee.renewed(sent);
                 }
                 Ok(Some(Ok(_))) => {
                     tracing::warn!(lease, "etcd lease expired");
-                    s.guaranteed_until.send_replace(Instant::now());
+                    s.guarantee.end();
                     return;
                 }
                 _ => {
@@ -604,34 +591,19 @@ impl FencedLease for EtcdLease {
     }
 
     fn remaining(&self) -> Duration {
-        self.session
-            .guaranteed_until
-            .borrow()
-            .saturating_duration_since(Instant::now())
+        self.session.guarantee.remaining()
     }
 
     fn guaranteed_until(&self) -> Instant {
-        *self.session.guaranteed_until.borrow()
+        self.session.guarantee.until()
     }
 
     fn state(&self) -> LeaseState {
-        LeaseState::classify(self.remaining(), self.session.ttl / 2)
+        self.session.guarantee.state()
     }
 
     fn lost(&self) -> BoxFuture<'static, ()> {
-        let mut rx = self.session.guaranteed_until.subscribe();
-        Box::pin(async move {
-            loop {
-                let until = *rx.borrow_and_update();
-                if until <= Instant::now() {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(until.into()) => {}
-                    changed = rx.changed() => if changed.is_err() { return },
-                }
-            }
-        })
+        self.session.guarantee.lost()
     }
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {

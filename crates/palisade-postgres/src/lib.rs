@@ -37,9 +37,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
-use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
@@ -117,7 +117,6 @@ fn pg_error(e: tokio_postgres::Error) -> LockError {
 struct Inner {
     client: Client,
     ttl: Duration,
-    margin: Duration,
 }
 
 /// Correctness locks on one PostgreSQL connection. Leases share the connection;
@@ -164,13 +163,8 @@ impl PgLocks {
                 Err(e) => return Err(pg_error(e)),
             }
         }
-        let margin = (ttl / 10).max(Duration::from_millis(50)).min(ttl / 2);
         Ok(PgLocks {
-            inner: Arc::new(Inner {
-                client,
-                ttl,
-                margin,
-            }),
+            inner: Arc::new(Inner { client, ttl }),
         })
     }
 
@@ -267,7 +261,7 @@ pub struct PgLease {
     name: String,
     holder: String,
     token: FencingToken,
-    guaranteed_until: watch::Sender<Instant>,
+    guarantee: Guarantee,
     keep_alive: tokio::task::AbortHandle,
     released: bool,
 }
@@ -280,21 +274,20 @@ impl PgLease {
         token: FencingToken,
         sent: Instant,
     ) -> Self {
-        let (ttl, margin) = (inner.ttl, inner.margin);
-        let guaranteed_until = watch::Sender::new(sent + ttl - margin);
+        let guarantee = Guarantee::new(sent, inner.ttl);
         let task = tokio::spawn(keep_alive(
             inner.clone(),
             name.to_owned(),
             holder.clone(),
             token,
-            guaranteed_until.clone(),
+            guarantee.clone(),
         ));
         PgLease {
             inner,
             name: name.to_owned(),
             holder,
             token,
-            guaranteed_until,
+            guarantee,
             keep_alive: task.abort_handle(),
             released: false,
         }
@@ -308,7 +301,7 @@ impl PgLease {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
         self.keep_alive.abort();
-        self.guaranteed_until.send_replace(Instant::now());
+        self.guarantee.end();
         release(&self.inner, &self.name, &self.holder, self.token).await
     }
 }
@@ -341,7 +334,7 @@ async fn keep_alive(
     name: String,
     holder: String,
     token: FencingToken,
-    guaranteed_until: watch::Sender<Instant>,
+    guarantee: Guarantee,
 ) {
     let every = inner.ttl / 3;
     let (ttl_ms, token_i64) = (inner.ttl.as_millis() as i64, token.get() as i64);
@@ -358,19 +351,12 @@ async fn keep_alive(
         .await;
         match attempt {
             Ok(Ok(1)) => {
-                let until = sent + inner.ttl - inner.margin;
-                guaranteed_until.send_if_modified(|current| {
-                    let later = until > *current;
-                    if later {
-                        *current = until;
-                    }
-                    later
-                });
+                guarantee.renewed(sent);
                 pause = every;
             }
             Ok(Ok(_)) => {
                 tracing::warn!(name, "postgres lock expired before its keep-alive");
-                guaranteed_until.send_replace(Instant::now());
+                guarantee.end();
                 return;
             }
             Ok(Err(e)) => {
@@ -382,11 +368,7 @@ async fn keep_alive(
                 pause = Duration::from_millis(100).min(every);
             }
         }
-        if guaranteed_until
-            .borrow()
-            .saturating_duration_since(Instant::now())
-            .is_zero()
-        {
+        if guarantee.remaining().is_zero() {
             // The guarantee ran out while the database could not be reached: the
             // hold may have been taken over. Stop pretending.
             return;
@@ -404,33 +386,19 @@ impl FencedLease for PgLease {
     }
 
     fn remaining(&self) -> Duration {
-        self.guaranteed_until
-            .borrow()
-            .saturating_duration_since(Instant::now())
+        self.guarantee.remaining()
     }
 
     fn guaranteed_until(&self) -> Instant {
-        *self.guaranteed_until.borrow()
+        self.guarantee.until()
     }
 
     fn state(&self) -> LeaseState {
-        LeaseState::classify(self.remaining(), self.inner.ttl / 2)
+        self.guarantee.state()
     }
 
     fn lost(&self) -> BoxFuture<'static, ()> {
-        let mut rx = self.guaranteed_until.subscribe();
-        Box::pin(async move {
-            loop {
-                let until = *rx.borrow_and_update();
-                if until <= Instant::now() {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(until.into()) => {}
-                    changed = rx.changed() => if changed.is_err() { return },
-                }
-            }
-        })
+        self.guarantee.lost()
     }
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {

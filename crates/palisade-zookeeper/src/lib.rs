@@ -25,9 +25,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
-use tokio::sync::watch;
 use zookeeper_client as zk;
 
 /// The backend's name in errors and URLs.
@@ -57,8 +57,7 @@ fn zk_error(e: zk::Error) -> LockError {
 struct Session {
     client: zk::Client,
     ttl: Duration,
-    margin: Duration,
-    guaranteed_until: watch::Sender<Instant>,
+    guarantee: Guarantee,
     /// Set right after the session is built (the task needs the session).
     heartbeat: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
@@ -113,12 +112,10 @@ impl ZkLocks {
             )));
         }
         let ttl = client.session_timeout();
-        let margin = (ttl / 10).max(Duration::from_millis(50)).min(ttl / 2);
         let session = Arc::new(Session {
             client,
             ttl,
-            margin,
-            guaranteed_until: watch::Sender::new(sent + ttl - margin),
+            guarantee: Guarantee::new(sent, ttl),
             heartbeat: std::sync::OnceLock::new(),
         });
         let task = tokio::spawn(heartbeat(Arc::downgrade(&session)));
@@ -159,11 +156,7 @@ impl ZkLocks {
             ));
         }
         let s = &self.session;
-        if s.guaranteed_until
-            .borrow()
-            .saturating_duration_since(Instant::now())
-            .is_zero()
-        {
+        if s.guarantee.remaining().is_zero() {
             return Err(LockError::SessionExpired);
         }
         let parent = format!("{LOCKS}/{}", znode_segment(name));
@@ -278,17 +271,10 @@ async fn heartbeat(session: std::sync::Weak<Session>) {
         let probe = tokio::time::timeout(every, s.client.check_stat("/")).await;
         match probe {
             Ok(Ok(_)) => {
-                let until = sent + s.ttl - s.margin;
-                s.guaranteed_until.send_if_modified(|current| {
-                    let later = until > *current;
-                    if later {
-                        *current = until;
-                    }
-                    later
-                });
+                s.guarantee.renewed(sent);
             }
             Ok(Err(zk::Error::SessionExpired)) => {
-                s.guaranteed_until.send_replace(Instant::now());
+                s.guarantee.end();
                 return;
             }
             _ => {}
@@ -298,7 +284,7 @@ async fn heartbeat(session: std::sync::Weak<Session>) {
             zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
         ) {
             tracing::warn!("zookeeper session ended");
-            s.guaranteed_until.send_replace(Instant::now());
+            s.guarantee.end();
             return;
         }
         drop(s);
@@ -370,34 +356,19 @@ impl FencedLease for ZkLease {
     }
 
     fn remaining(&self) -> Duration {
-        self.session
-            .guaranteed_until
-            .borrow()
-            .saturating_duration_since(Instant::now())
+        self.session.guarantee.remaining()
     }
 
     fn guaranteed_until(&self) -> Instant {
-        *self.session.guaranteed_until.borrow()
+        self.session.guarantee.until()
     }
 
     fn state(&self) -> LeaseState {
-        LeaseState::classify(self.remaining(), self.session.ttl / 2)
+        self.session.guarantee.state()
     }
 
     fn lost(&self) -> BoxFuture<'static, ()> {
-        let mut rx = self.session.guaranteed_until.subscribe();
-        Box::pin(async move {
-            loop {
-                let until = *rx.borrow_and_update();
-                if until <= Instant::now() {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(until.into()) => {}
-                    changed = rx.changed() => if changed.is_err() { return },
-                }
-            }
-        })
+        self.session.guarantee.lost()
     }
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
