@@ -5,6 +5,7 @@
 //! backend is a crate that implements the trait, plus one arm in [`connect`] and
 //! one line in [`SCHEMES`].
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use palisade_client::{Client, ClientConfig, TlsOptions};
@@ -20,7 +21,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 ];
 
 /// What every backend's session needs.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct SessionSpec {
     /// How long the locks outlive this process going silent.
     pub ttl: Duration,
@@ -28,6 +29,14 @@ pub struct SessionSpec {
     pub tls: Option<TlsOptions>,
     /// A bearer token, if the backend takes one.
     pub bearer_token: Option<String>,
+    /// Palisade: how long one request may take (default: the client's).
+    pub request_timeout: Option<Duration>,
+    /// Palisade: a name for this session in the servers' logs.
+    pub label: Option<String>,
+    /// Palisade: server addresses as the cluster advertises them, mapped to how
+    /// this process reaches them (a drill's worker reaches every node through
+    /// its own fault proxy, also the leader a follower names).
+    pub address_map: HashMap<String, String>,
 }
 
 /// A backend URL split into its scheme and the rest.
@@ -97,6 +106,13 @@ pub async fn connect(
             config.session_ttl = session.ttl;
             config.tls = session.tls.clone();
             config.bearer_token = session.bearer_token.clone();
+            config.address_map = session.address_map.clone();
+            if let Some(t) = session.request_timeout {
+                config.rpc_timeout = t;
+            }
+            if let Some(label) = &session.label {
+                config.label = label.clone();
+            }
             Ok(Box::new(Client::connect(config).await?))
         }
         "etcd" => {

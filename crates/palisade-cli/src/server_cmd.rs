@@ -346,6 +346,7 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
         ttl: a.ttl,
         tls,
         bearer_token,
+        ..SessionSpec::default()
     };
     let options = LockOptions {
         wait: a.wait,

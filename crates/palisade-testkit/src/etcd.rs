@@ -1,6 +1,7 @@
 //! A real etcd cluster: `etcd` processes (Debian's `etcd-server`, or the binary
 //! named by `PALISADE_ETCD`), each with its own data directory.
 
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -145,6 +146,36 @@ impl EtcdCluster {
         }
     }
 
+    /// Whether member `i` is the cluster's leader, asked over etcd's JSON gateway
+    /// (`POST /v3/maintenance/status`); `None` when it does not answer.
+    pub fn is_leader(&self, i: usize) -> Option<bool> {
+        let port = self.members[i].client_port;
+        let mut stream =
+            TcpStream::connect_timeout(&loopback(port), Duration::from_millis(500)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let request = format!(
+            "POST /v3/maintenance/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+             Content-Type: application/json\r\nContent-Length: 2\r\n\
+             Connection: close\r\n\r\n{{}}"
+        );
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).ok()?;
+        let member = json_string_field(&reply, "member_id")?;
+        let leader = json_string_field(&reply, "leader")?;
+        Some(member == leader && leader != "0")
+    }
+
+    /// The index of the member that is the leader, if one is and says so.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| self.is_leader(i) == Some(true))
+    }
+
+    /// Whether member `i`'s process runs.
+    pub fn is_running(&self, i: usize) -> bool {
+        self.members[i].child.is_some()
+    }
+
     /// The members.
     pub fn members(&self) -> &[EtcdMember] {
         &self.members
@@ -154,6 +185,14 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(EtcdMember::addr).collect()
     }
+}
+
+/// The value of `"field":"VALUE"` in a JSON text (etcd's gateway writes 64-bit
+/// integers as strings).
+fn json_string_field(text: &str, field: &str) -> Option<String> {
+    let start = text.find(&format!("\"{field}\":\""))? + field.len() + 4;
+    let end = text[start..].find('"')? + start;
+    Some(text[start..end].to_owned())
 }
 
 impl Drop for EtcdCluster {

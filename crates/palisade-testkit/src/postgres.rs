@@ -221,6 +221,11 @@ impl PostgresServer {
 }
 
 impl PostgresServer {
+    /// Whether the server was started and not stopped or killed since.
+    pub fn is_running(&self) -> bool {
+        self.running
+    }
+
     /// `kill -9` of the postmaster: no shutdown, no checkpoint. Its backends
     /// notice and exit; the next start runs crash recovery from the WAL.
     pub fn kill9(&mut self) {

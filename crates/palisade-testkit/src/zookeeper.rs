@@ -2,6 +2,7 @@
 //! `zookeeper` package (`/usr/share/java/zookeeper.jar`, or the jar named by
 //! `PALISADE_ZOOKEEPER_JAR`), each with its own data directory.
 
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -140,6 +141,47 @@ impl ZooKeeperEnsemble {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// The process id of server `i` while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.servers[i].child.as_ref().map(Child::id)
+    }
+
+    /// What server `i` says it is (`leader`, `follower`, `standalone`), asked
+    /// with the `srvr` four-letter word; `None` when it does not answer or is
+    /// not serving (no quorum).
+    pub fn mode(&self, i: usize) -> Option<String> {
+        let addr = loopback(self.servers[i].client_port);
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        stream.write_all(b"srvr").ok()?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).ok()?;
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix("Mode: "))
+            .map(|m| m.trim().to_owned())
+    }
+
+    /// The index of the server that is the ensemble's leader, if one is.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.servers.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))
+    }
+
+    /// How many servers there are.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Whether the ensemble has no servers.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Whether server `i`'s process runs.
+    pub fn is_running(&self, i: usize) -> bool {
+        self.servers[i].child.is_some()
     }
 
     /// Every server's client address, `127.0.0.1:PORT`.

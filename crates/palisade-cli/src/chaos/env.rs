@@ -15,7 +15,9 @@ use palisade_chaos::{Event, EventKind, History};
 use palisade_client::{Admin, ClientConfig, TlsOptions};
 use palisade_faultproxy::{FaultProxy, Link};
 use palisade_fence::journal::{Journal, monotonic_us};
-use palisade_testkit::{PalisadeNode, RedisServer, free_port};
+use palisade_testkit::{
+    EtcdCluster, PalisadeNode, PostgresServer, RedisServer, ZooKeeperEnsemble, free_port,
+};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::mpsc;
@@ -26,6 +28,8 @@ use super::worker::{Backend, Between, Command, CounterWrite, Report};
 pub const REDIS_NODES: usize = 5;
 /// How many Palisade nodes a drill runs.
 pub const PALISADE_NODES: u64 = 3;
+/// How many ZooKeeper servers and etcd members a drill runs.
+pub const ENSEMBLE_SIZE: usize = 3;
 /// The longest any single worker command may take before the drill gives up.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -44,6 +48,9 @@ pub struct Env {
     certs: Option<tempfile::TempDir>,
     redis: Vec<RedisServer>,
     nodes: Vec<PalisadeNode>,
+    zookeeper: Option<ZooKeeperEnsemble>,
+    etcd: Option<EtcdCluster>,
+    postgres: Option<PostgresServer>,
     stores: HashMap<bool, Store>,
 }
 
@@ -75,6 +82,9 @@ impl Env {
             certs,
             redis: Vec::new(),
             nodes: Vec::new(),
+            zookeeper: None,
+            etcd: None,
+            postgres: None,
             stores: HashMap::new(),
         })
     }
@@ -119,6 +129,31 @@ impl Env {
                     }
                 }
                 self.wait_until_settled().await?;
+            }
+            Backend::Zookeeper => {
+                if self.zookeeper.is_none() {
+                    let zk =
+                        tokio::task::block_in_place(|| ZooKeeperEnsemble::start(ENSEMBLE_SIZE))
+                            .context("starting a ZooKeeper ensemble (apt-get install zookeeper)")?;
+                    self.zookeeper = Some(zk);
+                }
+                self.revive(backend).await?;
+            }
+            Backend::Etcd => {
+                if self.etcd.is_none() {
+                    let etcd = tokio::task::block_in_place(|| EtcdCluster::start(ENSEMBLE_SIZE))
+                        .context("starting an etcd cluster (apt-get install etcd-server)")?;
+                    self.etcd = Some(etcd);
+                }
+                self.revive(backend).await?;
+            }
+            Backend::Postgres => {
+                if self.postgres.is_none() {
+                    let pg = tokio::task::block_in_place(PostgresServer::start)
+                        .context("starting PostgreSQL (apt-get install postgresql)")?;
+                    self.postgres = Some(pg);
+                }
+                self.revive(backend).await?;
             }
         }
         if !self.stores.contains_key(&fenced) {
@@ -242,14 +277,185 @@ impl Env {
         Ok(config)
     }
 
+    /// How many servers `backend` runs in a drill.
+    pub fn server_count(backend: Backend) -> usize {
+        match backend {
+            Backend::Redis => 1,
+            Backend::Redlock => REDIS_NODES,
+            Backend::Palisade => PALISADE_NODES as usize,
+            Backend::Zookeeper | Backend::Etcd => ENSEMBLE_SIZE,
+            Backend::Postgres => 1,
+        }
+    }
+
+    /// The client addresses (`127.0.0.1:PORT`) of `backend`'s servers.
+    fn server_addrs(&self, backend: Backend) -> Vec<String> {
+        match backend {
+            Backend::Redis | Backend::Redlock => self
+                .redis
+                .iter()
+                .map(|r| palisade_testkit::loopback(r.port()).to_string())
+                .collect(),
+            Backend::Palisade => self.nodes.iter().map(PalisadeNode::addr).collect(),
+            Backend::Zookeeper => self
+                .zookeeper
+                .as_ref()
+                .map_or_else(Vec::new, ZooKeeperEnsemble::endpoints),
+            Backend::Etcd => self
+                .etcd
+                .as_ref()
+                .map_or_else(Vec::new, EtcdCluster::endpoints),
+            Backend::Postgres => self
+                .postgres
+                .iter()
+                .map(|p| format!("{}:{}", p.host(), p.port()))
+                .collect(),
+        }
+    }
+
+    /// The index (0-based) of the server of a correctness-lock backend that
+    /// leads (PostgreSQL's one server leads), waiting up to 60 s for one.
+    pub async fn leader(&self, backend: Backend) -> Result<usize> {
+        let started = std::time::Instant::now();
+        loop {
+            let found = match backend {
+                Backend::Palisade => {
+                    return Ok(usize::try_from(self.wait_for_leader().await? - 1)?);
+                }
+                Backend::Zookeeper => self
+                    .zookeeper
+                    .as_ref()
+                    .and_then(|zk| tokio::task::block_in_place(|| zk.leader())),
+                Backend::Etcd => self
+                    .etcd
+                    .as_ref()
+                    .and_then(|e| tokio::task::block_in_place(|| e.leader())),
+                Backend::Postgres => Some(0),
+                Backend::Redis | Backend::Redlock => bail!("{} has no leader", backend.name()),
+            };
+            if let Some(i) = found {
+                return Ok(i);
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("{} has no leader after 60 s", backend.name());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `kill -9` of server `i` of a correctness-lock backend.
+    pub fn kill_server(&mut self, backend: Backend, i: usize) {
+        tokio::task::block_in_place(|| match backend {
+            Backend::Palisade => self.nodes[i].kill(),
+            Backend::Zookeeper => {
+                if let Some(zk) = &mut self.zookeeper {
+                    zk.kill(i);
+                }
+            }
+            Backend::Etcd => {
+                if let Some(e) = &mut self.etcd {
+                    e.kill(i);
+                }
+            }
+            Backend::Postgres => {
+                if let Some(pg) = &mut self.postgres {
+                    pg.kill9();
+                }
+            }
+            Backend::Redis | Backend::Redlock => self.redis[i].kill(),
+        });
+    }
+
+    /// Starts server `i` again (same ports, same data) after [`Env::kill_server`].
+    pub fn start_server(&mut self, backend: Backend, i: usize) -> Result<()> {
+        tokio::task::block_in_place(|| -> std::io::Result<()> {
+            match backend {
+                Backend::Palisade => self.nodes[i].start(),
+                Backend::Zookeeper => match &mut self.zookeeper {
+                    Some(zk) => zk.start_server(i),
+                    None => Ok(()),
+                },
+                Backend::Etcd => match &mut self.etcd {
+                    Some(e) => e.start_member(i),
+                    None => Ok(()),
+                },
+                Backend::Postgres => match &mut self.postgres {
+                    Some(pg) => pg.restart(),
+                    None => Ok(()),
+                },
+                Backend::Redis | Backend::Redlock => self.redis[i].restart(),
+            }
+        })?;
+        Ok(())
+    }
+
+    /// The process id of server `i`, for pausing it (`None` when it is down, or
+    /// for PostgreSQL, whose sessions run in processes of their own: stopping the
+    /// postmaster would not stop them).
+    pub fn server_pid(&self, backend: Backend, i: usize) -> Option<u32> {
+        match backend {
+            Backend::Palisade => self.nodes[i].pid(),
+            Backend::Zookeeper => self.zookeeper.as_ref().and_then(|zk| zk.pid(i)),
+            Backend::Etcd => self.etcd.as_ref().and_then(|e| e.members()[i].pid()),
+            Backend::Postgres => None,
+            Backend::Redis | Backend::Redlock => self.redis[i].pid(),
+        }
+    }
+
+    /// Brings every server of `backend` back (restarts the killed, continues
+    /// the paused) and waits until it serves with a leader.
+    async fn revive(&mut self, backend: Backend) -> Result<()> {
+        for i in 0..Self::server_count(backend) {
+            let running = match backend {
+                Backend::Zookeeper => self.zookeeper.as_ref().is_some_and(|z| z.is_running(i)),
+                Backend::Etcd => self.etcd.as_ref().is_some_and(|e| e.is_running(i)),
+                Backend::Postgres => self
+                    .postgres
+                    .as_ref()
+                    .is_some_and(PostgresServer::is_running),
+                _ => true,
+            };
+            if !running {
+                self.start_server(backend, i)?;
+            } else if let Some(pid) = self.server_pid(backend, i) {
+                // A server a trial paused must not stay paused.
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+            }
+        }
+        // A trial must start on a healthy ensemble: every server answering, one
+        // leader (an election still running would make a different drill).
+        let started = std::time::Instant::now();
+        loop {
+            let healthy = tokio::task::block_in_place(|| match backend {
+                Backend::Zookeeper => self.zookeeper.as_ref().is_some_and(|zk| {
+                    let modes: Vec<_> = (0..zk.len()).map(|i| zk.mode(i)).collect();
+                    modes.iter().all(Option::is_some)
+                        && modes
+                            .iter()
+                            .filter(|m| m.as_deref() == Some("leader"))
+                            .count()
+                            == 1
+                }),
+                Backend::Etcd => self.etcd.as_ref().is_some_and(|e| {
+                    let answers: Vec<_> = (0..ENSEMBLE_SIZE).map(|i| e.is_leader(i)).collect();
+                    answers.iter().all(Option::is_some)
+                        && answers.iter().filter(|a| **a == Some(true)).count() == 1
+                }),
+                _ => true,
+            });
+            if healthy {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("{} did not become healthy in 60 s", backend.name());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The Redis servers (index 0 is "redis 1").
     pub fn redis(&mut self) -> &mut [RedisServer] {
         &mut self.redis
-    }
-
-    /// The Palisade nodes (index 0 is node 1).
-    pub fn nodes(&mut self) -> &mut [PalisadeNode] {
-        &mut self.nodes
     }
 
     /// Stops everything.
@@ -265,6 +471,12 @@ impl Env {
         }
         self.nodes.clear();
         self.redis.clear();
+        let (zk, etcd, pg) = (
+            self.zookeeper.take(),
+            self.etcd.take(),
+            self.postgres.take(),
+        );
+        tokio::task::block_in_place(move || drop((zk, etcd, pg)));
     }
 }
 
@@ -293,7 +505,10 @@ pub struct Trial {
     store: SocketAddr,
     journal: PathBuf,
     redis_urls: Vec<SocketAddr>,
-    node_addrs: Vec<String>,
+    /// The lock servers' client addresses, direct (not proxied).
+    servers: Vec<String>,
+    /// PostgreSQL: the user in the backend URL.
+    pg_user: Option<String>,
     certs: Option<PathBuf>,
 }
 
@@ -349,7 +564,8 @@ impl Trial {
                 .iter()
                 .map(|r| palisade_testkit::loopback(r.port()))
                 .collect(),
-            node_addrs: env.nodes.iter().map(PalisadeNode::addr).collect(),
+            servers: env.server_addrs(backend),
+            pg_user: env.postgres.as_ref().map(|p| p.user().to_owned()),
             certs: env.certs.as_ref().map(|d| d.path().to_owned()),
         })
     }
@@ -391,21 +607,37 @@ impl Trial {
                     proxies.push(p);
                 }
             }
-            Backend::Palisade => {
-                for addr in &self.node_addrs {
+            _ => {
+                for addr in &self.servers {
                     let p = FaultProxy::start(addr.parse()?).await?;
                     servers.push(p.addr().to_string());
-                    address_map.push(format!("{addr}={}", p.addr()));
+                    if self.backend == Backend::Palisade {
+                        address_map.push(format!("{addr}={}", p.addr()));
+                    }
                     proxies.push(p);
                 }
             }
         }
+        let url = match self.backend {
+            Backend::Redis | Backend::Redlock => None,
+            Backend::Palisade => Some(format!("palisade://{}", servers.join(","))),
+            Backend::Zookeeper => Some(format!("zk://{}", servers.join(","))),
+            Backend::Etcd => Some(format!("etcd://{}", servers.join(","))),
+            Backend::Postgres => Some(format!(
+                "postgres://{}@{}/postgres",
+                self.pg_user.as_deref().unwrap_or("postgres"),
+                servers.join(",")
+            )),
+        };
         let store_proxy = FaultProxy::start(self.store).await?;
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.arg("chaos-worker")
             .args(["--client", &n.to_string()])
             .args(["--backend", self.backend.name()])
-            .args(["--servers", &servers.join(",")])
+            .args(match &url {
+                Some(url) => ["--url".to_owned(), url.clone()],
+                None => ["--servers".to_owned(), servers.join(",")],
+            })
             .args(["--store", &store_proxy.addr().to_string()])
             .args(["--ttl-ms", &self.ttl.as_millis().to_string()]);
         if !address_map.is_empty() {
@@ -675,8 +907,8 @@ impl Worker {
         self.pid
     }
 
-    /// The links from this client to the lock servers (Redis 1‥5 or Palisade
-    /// node 1‥3, in order).
+    /// The links from this client to the lock servers (Redis 1‥5, or server
+    /// 1‥N of the correctness-lock backend, in order).
     pub fn lock_links(&self) -> Vec<Arc<Link>> {
         self.proxies.iter().map(|p| p.link().clone()).collect()
     }

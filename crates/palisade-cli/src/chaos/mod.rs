@@ -1,7 +1,11 @@
 //! `palisade chaos`: the fault drills of the essay and the Redlock page, on real
 //! processes — five `redis-server`s (each under Palisade's clock-shift preload), a
-//! three-node Palisade cluster, the fenced object store, and one process per
-//! client, with a fault proxy on every client-server link.
+//! three-node Palisade cluster, a three-server ZooKeeper ensemble, a three-member
+//! etcd cluster, a PostgreSQL server, the fenced object store, and one process
+//! per client, with a fault proxy on every client-server link. Workers take
+//! correctness locks only through the backend registry and the `FencedLocks`
+//! trait, so a new backend drills like the others once [`worker::Backend`] says
+//! which servers to start for it.
 //!
 //! Every trial records a history (client events on `CLOCK_MONOTONIC`, the store's
 //! own journal of the writes it decided on, the faults injected), which
@@ -24,7 +28,7 @@ use rand::rngs::StdRng;
 
 use crate::fence_cmd::FencingArg;
 use env::{Env, Trial};
-use scenarios::{Knobs, SCENARIOS};
+use scenarios::{Knobs, SCENARIOS, Scenario};
 use worker::Backend;
 
 /// `palisade chaos`.
@@ -32,7 +36,7 @@ use worker::Backend;
 pub struct ChaosArgs {
     /// Scenarios to run (default: all): holder-pause, delayed-write,
     /// redlock-clock-jump, redlock-pause-during-acquire, redis-crash-restart,
-    /// leader-failure, mixed.
+    /// leader-failure, mixed (`--list` says which backends each applies to).
     scenarios: Vec<String>,
     /// Backends to drill (default: every one the scenario applies to).
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -67,7 +71,7 @@ pub struct ChaosArgs {
 
 /// One scenario × variant × backend × fencing to run.
 struct Cell {
-    scenario: &'static str,
+    scenario: &'static Scenario,
     variant: &'static str,
     backend: Backend,
     fenced: bool,
@@ -85,7 +89,7 @@ impl Outcome {
     /// The cell's row; named after the cell even when no trial produced a history.
     fn summary(&self) -> Summary {
         let mut s = Summary::from_histories(&self.histories);
-        s.scenario = self.cell.scenario.to_owned();
+        s.scenario = self.cell.scenario.name.to_owned();
         s.variant = self.cell.variant.to_owned();
         s.backend = self.cell.backend.name().to_owned();
         s.fencing = self.cell.fenced;
@@ -118,13 +122,16 @@ fn plan(a: &ChaosArgs) -> Result<Vec<Cell>, String> {
                 if !a.backend.is_empty() && !a.backend.contains(&backend) {
                     continue;
                 }
+                if !s.applies(variant, backend) {
+                    continue;
+                }
                 for &fenced in &fencings {
                     // Efficiency locks have no token: there is nothing to fence with.
                     if fenced && !backend.has_tokens() {
                         continue;
                     }
                     cells.push(Cell {
-                        scenario: s.name,
+                        scenario: s,
                         variant,
                         backend,
                         fenced,
@@ -134,7 +141,7 @@ fn plan(a: &ChaosArgs) -> Result<Vec<Cell>, String> {
         }
     }
     if cells.is_empty() {
-        return Err("nothing to run: no scenario applies to the chosen backends and fencing (fencing on needs a backend with tokens: palisade)".into());
+        return Err("nothing to run: no scenario applies to the chosen backends and fencing (fencing on needs a backend with tokens: palisade, zookeeper, etcd, postgres)".into());
     }
     Ok(cells)
 }
@@ -142,7 +149,7 @@ fn plan(a: &ChaosArgs) -> Result<Vec<Cell>, String> {
 fn label(c: &Cell) -> String {
     format!(
         "{}{}{} · {} · fencing {}",
-        c.scenario,
+        c.scenario.name,
         if c.variant.is_empty() { "" } else { "/" },
         c.variant,
         c.backend.name(),
@@ -153,7 +160,7 @@ fn label(c: &Cell) -> String {
 fn file_stem(c: &Cell) -> String {
     format!(
         "{}{}{}-{}-fencing-{}",
-        c.scenario,
+        c.scenario.name,
         if c.variant.is_empty() { "" } else { "-" },
         c.variant,
         c.backend.name(),
@@ -166,15 +173,25 @@ pub async fn run(a: ChaosArgs) -> Result<i32> {
     if a.list {
         for s in SCENARIOS {
             let backends: Vec<_> = s.backends.iter().map(|b| b.name()).collect();
+            let exceptions: Vec<_> = s
+                .not_on
+                .iter()
+                .map(|(b, v)| format!("{v} not on {}", b.name()))
+                .collect();
             let variants = s.variants.join(", ");
             println!(
-                "{:<30} [{}]{}\n    {}",
+                "{:<30} [{}]{}{}\n    {}",
                 s.name,
                 backends.join(", "),
                 if variants.is_empty() {
                     String::new()
                 } else {
                     format!(" variants: {variants}")
+                },
+                if exceptions.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", exceptions.join("; "))
                 },
                 s.about
             );
@@ -262,16 +279,16 @@ async fn run_trial(
     env.ensure(c.backend, c.fenced).await?;
     let mut trial = Trial::new(
         env,
-        c.scenario,
+        c.scenario.name,
         c.variant,
         c.backend,
         c.fenced,
         seed,
         number,
-        scenarios::ttl(c.scenario),
+        c.scenario.ttl,
     )?;
     let mut rng = StdRng::seed_from_u64(seed);
-    scenarios::run(env, &mut trial, &mut rng, knobs).await?;
+    scenarios::run(c.scenario.drill, env, &mut trial, &mut rng, knobs).await?;
     // Writes held in a proxy may still be on their way to the store's journal.
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok((trial.history()?, trial.notes().to_vec()))

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::Rng;
@@ -13,62 +13,148 @@ use rand::rngs::StdRng;
 use super::env::{Env, Trial, Worker, WorkerOptions};
 use super::worker::{Backend, Between};
 
-/// A drill by name.
+/// What a scenario stages; [`run`] dispatches on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drill {
+    /// The essay's GC pause between the lease check and the write.
+    HolderPause,
+    /// The essay's network delay of the write past the lease.
+    DelayedWrite,
+    /// A Redis node's clock jumps during a Redlock hold.
+    RedlockClockJump,
+    /// The Redlock client pauses after its SETs reached the nodes.
+    RedlockPauseDuringAcquire,
+    /// A Redis node that granted a lock restarts without persistence.
+    RedisCrashRestart,
+    /// The leader (or the one server) of a correctness lock fails during a hold.
+    LeaderFailure,
+    /// Random faults while three clients increment a counter.
+    Mixed,
+}
+
+/// A drill by name: one row of the one table every part of `chaos` reads.
 pub struct Scenario {
+    /// What it stages.
+    pub drill: Drill,
     /// Its name on the command line.
     pub name: &'static str,
     /// Its variants (`[""]` when it has none).
     pub variants: &'static [&'static str],
     /// The backends it applies to.
     pub backends: &'static [Backend],
+    /// Variants that do not apply to a backend.
+    pub not_on: &'static [(Backend, &'static str)],
+    /// The lease its clients take: long enough for the harness to stage the
+    /// fault while it runs, short enough to keep trials quick.
+    pub ttl: Duration,
     /// What it stages, in one line.
     pub about: &'static str,
 }
 
-const ALL: &[Backend] = &[Backend::Redis, Backend::Redlock, Backend::Palisade];
+impl Scenario {
+    /// Whether `variant` of this scenario runs on `backend`.
+    pub fn applies(&self, variant: &str, backend: Backend) -> bool {
+        self.backends.contains(&backend)
+            && !self
+                .not_on
+                .iter()
+                .any(|&(b, v)| b == backend && v == variant)
+    }
+}
+
+/// Variant names used by the code as well as the table.
+const KILL: &str = "kill";
+const PAUSE: &str = "pause";
+const JUMP: &str = "jump";
+const UPTIME_RULE: &str = "uptime-rule";
+
+/// Every backend.
+const ALL: &[Backend] = &[
+    Backend::Redis,
+    Backend::Redlock,
+    Backend::Palisade,
+    Backend::Zookeeper,
+    Backend::Etcd,
+    Backend::Postgres,
+];
+
+/// The correctness-lock backends (tokens, leaders).
+const FENCED: &[Backend] = &[
+    Backend::Palisade,
+    Backend::Zookeeper,
+    Backend::Etcd,
+    Backend::Postgres,
+];
 
 /// Every scenario, in report order.
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
+        drill: Drill::HolderPause,
         name: "holder-pause",
         variants: &[""],
         backends: ALL,
+        not_on: &[],
+        ttl: Duration::from_secs(1),
         about: "the holder stops (SIGSTOP) after its lease check, past its lease; another client acquires and writes; the first resumes and writes",
     },
     Scenario {
+        drill: Drill::DelayedWrite,
         name: "delayed-write",
         variants: &[""],
         backends: ALL,
+        not_on: &[],
+        ttl: Duration::from_secs(1),
         about: "the holder's write is held by the network past its lease; another client acquires and writes; then the held write arrives",
     },
     Scenario {
+        drill: Drill::RedlockClockJump,
         name: "redlock-clock-jump",
-        variants: &["jump", "no-jump"],
+        variants: &[JUMP, "no-jump"],
         backends: &[Backend::Redlock],
+        not_on: &[],
+        ttl: Duration::from_secs(3),
         about: "client 1 gets redis 1-3 (4, 5 cut off); redis 3's clock jumps past the TTL; client 2 (cut off from 1, 2) asks redis 3-5",
     },
     Scenario {
+        drill: Drill::RedlockPauseDuringAcquire,
         name: "redlock-pause-during-acquire",
         variants: &[""],
         backends: &[Backend::Redlock],
+        not_on: &[],
+        ttl: Duration::from_secs(2),
         about: "client 1 stops after its SETs reached the nodes and before it reads the replies, past the TTL",
     },
     Scenario {
+        drill: Drill::RedisCrashRestart,
         name: "redis-crash-restart",
-        variants: &["no-uptime-rule", "uptime-rule"],
+        variants: &["no-uptime-rule", UPTIME_RULE],
         backends: &[Backend::Redis, Backend::Redlock],
+        not_on: &[],
+        ttl: Duration::from_secs(3),
         about: "a node that granted client 1 is killed and restarted without persistence; client 2 asks it (with or without the delayed-restart rule)",
     },
     Scenario {
+        drill: Drill::LeaderFailure,
         name: "leader-failure",
-        variants: &["kill", "pause"],
-        backends: &[Backend::Palisade],
-        about: "the Palisade leader is killed (kill -9) or paused (SIGSTOP: to its peers, a partition) while client 1 holds the lock and two clients wait",
+        variants: &[KILL, PAUSE],
+        backends: FENCED,
+        // PostgreSQL's sessions run in processes of their own: stopping the
+        // postmaster would not pause the server. Its failure is the kill.
+        not_on: &[(Backend::Postgres, PAUSE)],
+        // The holder's session must outlive a failover (Palisade: election
+        // timeout up to 1.2 s, plus the followers' leader lease of 1.2 s, plus
+        // the client's retries; ZooKeeper and etcd elect in about as long), or
+        // the drill shows expiry instead of a failover.
+        ttl: Duration::from_secs(6),
+        about: "the leader (ZooKeeper, etcd, Palisade) is killed (kill -9) or paused (SIGSTOP: to its peers, a partition) while client 1 holds the lock and two clients wait; PostgreSQL's postmaster is killed with kill -9 and restarted",
     },
     Scenario {
+        drill: Drill::Mixed,
         name: "mixed",
         variants: &[""],
         backends: ALL,
+        not_on: &[],
+        ttl: Duration::from_secs(1),
         about: "three clients increment a lock-protected counter while random pauses, partitions, delays, kills and clock jumps hit them",
     },
 ];
@@ -78,37 +164,28 @@ pub fn find(name: &str) -> Option<&'static Scenario> {
     SCENARIOS.iter().find(|s| s.name == name)
 }
 
-/// The lease each scenario uses: long enough for the harness to stage the fault
-/// while it runs, short enough to keep trials quick.
-pub fn ttl(scenario: &str) -> Duration {
-    match scenario {
-        "redlock-clock-jump" | "redis-crash-restart" => Duration::from_secs(3),
-        "redlock-pause-during-acquire" => Duration::from_secs(2),
-        // The holder's session must outlive a failover (election timeout up to
-        // 1.2 s, plus the followers' leader lease of 1.2 s, plus the client's
-        // retries), or the drill shows expiry instead of a failover.
-        "leader-failure" => Duration::from_secs(6),
-        _ => Duration::from_secs(1),
-    }
-}
-
 /// Settings that only some scenarios need.
 pub struct Knobs {
     /// How long one `mixed` trial injects faults.
     pub mixed_duration: Duration,
 }
 
-/// Runs one trial of `t.scenario`.
-pub async fn run(env: &mut Env, t: &mut Trial, rng: &mut StdRng, knobs: &Knobs) -> Result<()> {
-    match t.scenario {
-        "holder-pause" => holder_pause(t).await,
-        "delayed-write" => delayed_write(t).await,
-        "redlock-clock-jump" => clock_jump(env, t).await,
-        "redlock-pause-during-acquire" => pause_during_acquire(t).await,
-        "redis-crash-restart" => crash_restart(env, t).await,
-        "leader-failure" => leader_failure(env, t).await,
-        "mixed" => mixed(env, t, rng, knobs.mixed_duration).await,
-        other => bail!("unknown scenario {other}"),
+/// Runs one trial of `drill`.
+pub async fn run(
+    drill: Drill,
+    env: &mut Env,
+    t: &mut Trial,
+    rng: &mut StdRng,
+    knobs: &Knobs,
+) -> Result<()> {
+    match drill {
+        Drill::HolderPause => holder_pause(t).await,
+        Drill::DelayedWrite => delayed_write(t).await,
+        Drill::RedlockClockJump => clock_jump(env, t).await,
+        Drill::RedlockPauseDuringAcquire => pause_during_acquire(t).await,
+        Drill::RedisCrashRestart => crash_restart(env, t).await,
+        Drill::LeaderFailure => leader_failure(env, t).await,
+        Drill::Mixed => mixed(env, t, rng, knobs.mixed_duration).await,
     }
 }
 
@@ -205,7 +282,7 @@ async fn clock_jump(env: &mut Env, t: &mut Trial) -> Result<()> {
     if !ok1 {
         t.note("client 1 could not acquire redis 1-3");
     }
-    if ok1 && t.variant == "jump" {
+    if ok1 && t.variant == JUMP {
         let jump = t.ttl + Duration::from_secs(1);
         if let Some(clock) = env.redis()[2].clock() {
             clock.jump_ahead(jump)?;
@@ -308,7 +385,7 @@ async fn pause_during_acquire(t: &mut Trial) -> Result<()> {
 }
 
 async fn crash_restart(env: &mut Env, t: &mut Trial) -> Result<()> {
-    let uptime_rule = t.variant == "uptime-rule";
+    let uptime_rule = t.variant == UPTIME_RULE;
     let base = WorkerOptions {
         node_timeout: Some(Duration::from_millis(50)),
         ..WorkerOptions::default()
@@ -370,6 +447,7 @@ async fn crash_restart(env: &mut Env, t: &mut Trial) -> Result<()> {
 }
 
 async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
+    let backend = t.backend;
     let mut w1 = t.worker(1, WorkerOptions::default()).await?;
     let mut w2 = t.worker(2, WorkerOptions::default()).await?;
     let mut w3 = t.worker(3, WorkerOptions::default()).await?;
@@ -381,18 +459,20 @@ async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
     w1.increment(&t.key).await?;
     w2.start_acquire(&t.lock, Duration::from_secs(30)).await?;
     w3.start_acquire(&t.lock, Duration::from_secs(30)).await?;
-    let leader = env.wait_for_leader().await?;
-    let index = usize::try_from(leader - 1)?;
-    let pid = env.nodes()[index].pid();
-    if t.variant == "kill" {
-        let node = &mut env.nodes()[index];
-        tokio::task::block_in_place(|| node.kill());
-        t.fault(format!("leader (node {leader}) killed (kill -9)"));
+    let index = env.leader(backend).await?;
+    let single = Env::server_count(backend) == 1;
+    let who = if single {
+        "the server".to_owned()
+    } else {
+        format!("the leader (server {})", index + 1)
+    };
+    let pid = env.server_pid(backend, index);
+    if t.variant == KILL {
+        env.kill_server(backend, index);
+        t.fault(format!("{who} killed (kill -9)"));
     } else if let Some(pid) = pid {
         kill(Pid::from_raw(pid as i32), Signal::SIGSTOP)?;
-        t.fault(format!(
-            "leader (node {leader}) paused (SIGSTOP): to its peers, a partition"
-        ));
+        t.fault(format!("{who} paused (SIGSTOP): to its peers, a partition"));
     }
     for _ in 0..3 {
         let o = w1.increment(&t.key).await?;
@@ -401,12 +481,18 @@ async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    if t.variant == "pause" {
+    if t.variant == PAUSE {
         tokio::time::sleep(Duration::from_secs(2)).await;
         if let Some(pid) = pid {
             kill(Pid::from_raw(pid as i32), Signal::SIGCONT)?;
         }
-        t.fault(format!("old leader (node {leader}) resumed"));
+        t.fault(format!("{who} resumed"));
+    }
+    // With no other server to fail over to, the service returns only when the
+    // server does: restart it now, not after the waiters are served.
+    if t.variant == KILL && single {
+        env.start_server(backend, index)?;
+        t.fault(format!("{who} restarted"));
     }
     w1.release().await?;
     // Clients 2 and 3 queued at about the same moment; either may be first in
@@ -420,11 +506,28 @@ async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
     } else {
         [(&mut w3, Some(outcome)), (&mut w2, None)]
     };
+    let mut retry = Vec::new();
     for (w, known) in order {
         let o = match known {
             Some(o) => o,
             None => w.outcome().await?,
         };
+        if o.ok {
+            w.increment(&t.key).await?;
+            w.release().await?;
+        } else {
+            // A wait cut short by the failure (a connection reset, a session
+            // lost with the server) is retried once the other waiter is served,
+            // as an application would.
+            t.note(format!(
+                "client {}'s wait ended without the lock: {}",
+                w.n, o.detail
+            ));
+            retry.push(w);
+        }
+    }
+    for w in retry {
+        let o = w.try_acquire(&t.lock, Duration::from_secs(30)).await?;
         if o.ok {
             w.increment(&t.key).await?;
             w.release().await?;
@@ -435,10 +538,9 @@ async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
             ));
         }
     }
-    if t.variant == "kill" {
-        let node = &mut env.nodes()[index];
-        tokio::task::block_in_place(|| node.start())?;
-        t.fault(format!("node {leader} restarted"));
+    if t.variant == KILL && !single {
+        env.start_server(backend, index)?;
+        t.fault(format!("server {} restarted", index + 1));
     }
     finish_all([w1, w2, w3]).await;
     Ok(())
@@ -459,6 +561,10 @@ async fn mixed(env: &mut Env, t: &mut Trial, rng: &mut StdRng, duration: Duratio
                 if w.acquire(&lock, Duration::from_secs(2)).await? {
                     w.increment(&key).await?;
                     w.release().await?;
+                } else {
+                    // A server that refuses at once (down, restarting) must
+                    // not turn the loop into a flood of attempts.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
             anyhow::Ok(w)
@@ -554,25 +660,24 @@ async fn server_fault(
                 t.fault(format!("redis {}'s clock set right", i + 1));
             }
         }
-        Backend::Palisade => {
-            let i = rng.random_range(0..super::env::PALISADE_NODES as usize);
+        _ => {
+            let i = rng.random_range(0..Env::server_count(backend));
             let id = i + 1;
             let hold = Duration::from_millis(rng.random_range(500..2500));
-            if rng.random_bool(0.5) {
-                let node = &mut env.nodes()[i];
-                tokio::task::block_in_place(|| node.kill());
-                t.fault(format!("node {id} killed (kill -9)"));
+            let pid = env.server_pid(backend, i);
+            if rng.random_bool(0.5) || pid.is_none() {
+                env.kill_server(backend, i);
+                t.fault(format!("server {id} killed (kill -9)"));
                 tokio::time::sleep(hold).await;
-                let node = &mut env.nodes()[i];
-                tokio::task::block_in_place(|| node.start())?;
-                t.fault(format!("node {id} restarted"));
-            } else if let Some(pid) = env.nodes()[i].pid() {
+                env.start_server(backend, i)?;
+                t.fault(format!("server {id} restarted"));
+            } else if let Some(pid) = pid {
                 let pid = Pid::from_raw(pid as i32);
                 kill(pid, Signal::SIGSTOP)?;
-                t.fault(format!("node {id} paused (SIGSTOP)"));
+                t.fault(format!("server {id} paused (SIGSTOP)"));
                 tokio::time::sleep(hold).await;
                 kill(pid, Signal::SIGCONT)?;
-                t.fault(format!("node {id} resumed"));
+                t.fault(format!("server {id} resumed"));
             }
         }
     }

@@ -10,6 +10,7 @@
 //! the store's journal alone tells the harness every write it decided on.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -17,15 +18,20 @@ use clap::{Args, ValueEnum};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use palisade_chaos::EventKind;
-use palisade_client::{Client, ClientConfig, ClientError, FencedGuard, TlsOptions};
+use palisade_client::TlsOptions;
+use palisade_core::lock::BoxFuture;
+use palisade_core::{FencedLease, FencedLocks, LeaseState, LockError, LockOptions};
 use palisade_fence::journal::monotonic_us;
 use palisade_redis::{RedisGuard, Redlock, RedlockConfig};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 
+use crate::backends::{self, BackendUrl, SessionSpec};
 use crate::fence_cmd::{StoreAddr, request};
 
-/// The lock services a drill can test.
+/// The lock services a drill can test: which servers the drill starts. A
+/// worker reaches a correctness lock only through the backend registry
+/// ([`crate::backends`]) and the [`FencedLocks`] trait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
@@ -33,8 +39,15 @@ pub enum Backend {
     Redis,
     /// Redlock over five Redis instances: an efficiency lock, no token.
     Redlock,
-    /// Palisade's Raft-replicated lock server: every grant has a fencing token.
+    /// Palisade's Raft-replicated lock server, 3 nodes: every grant has a
+    /// fencing token.
     Palisade,
+    /// ZooKeeper, a 3-server ensemble (Curator's mutex recipe; token = czxid).
+    Zookeeper,
+    /// etcd, a 3-member cluster (lease + lock keys; token = create revision).
+    Etcd,
+    /// PostgreSQL, one server (a row per hold; token from a sequence).
+    Postgres,
 }
 
 impl Backend {
@@ -44,12 +57,15 @@ impl Backend {
             Backend::Redis => "redis",
             Backend::Redlock => "redlock",
             Backend::Palisade => "palisade",
+            Backend::Zookeeper => "zookeeper",
+            Backend::Etcd => "etcd",
+            Backend::Postgres => "postgres",
         }
     }
 
     /// Whether grants carry a fencing token the store can check.
     pub fn has_tokens(self) -> bool {
-        self == Backend::Palisade
+        !matches!(self, Backend::Redis | Backend::Redlock)
     }
 }
 
@@ -62,9 +78,13 @@ pub struct WorkerArgs {
     /// The lock service.
     #[arg(long, value_enum)]
     pub backend: Backend,
-    /// Redis URLs, or Palisade `HOST:PORT`s, as this client reaches them.
+    /// Redis and Redlock: the servers' URLs, as this client reaches them.
     #[arg(long, value_delimiter = ',')]
     pub servers: Vec<String>,
+    /// Correctness locks: the backend's URL (`palisade://…`, `zk://…`, …), as
+    /// this client reaches it.
+    #[arg(long)]
+    pub url: Option<String>,
     /// Palisade: `ADVERTISED=DIALLED` pairs, so a leader named by a follower is
     /// reached through this client's proxy too.
     #[arg(long, value_delimiter = ',')]
@@ -75,7 +95,7 @@ pub struct WorkerArgs {
     /// Present the token on reads and writes (the store checks it).
     #[arg(long)]
     pub fenced: bool,
-    /// Lease: the Redis key's TTL, or the Palisade session's TTL.
+    /// Lease: the Redis key's TTL, or the correctness lock's session TTL.
     #[arg(long)]
     pub ttl_ms: u64,
     /// Redlock's per-node timeout (default: derived from the TTL).
@@ -208,13 +228,34 @@ fn instant_us(at: Instant) -> u64 {
 
 enum Locker {
     Redis(Redlock),
-    Palisade(Option<Client>, Box<ClientConfig>),
+    /// A correctness lock: the URL, the session settings, and the session once
+    /// opened (`None` again after it was found dead).
+    Fenced {
+        url: BackendUrl,
+        spec: Box<SessionSpec>,
+        session: Option<Box<dyn FencedLocks>>,
+    },
 }
+
+impl Locker {
+    /// Drops a session known to be dead, so the next acquire opens a new one.
+    fn forget_session_if(&mut self, gone: bool) {
+        if let Locker::Fenced { session, .. } = self
+            && gone
+        {
+            *session = None;
+        }
+    }
+}
+
+/// A granted correctness lease, shared with the task that watches its guarantee.
+type SharedLease = Arc<Mutex<Option<Box<dyn FencedLease>>>>;
 
 enum Held {
     Redis(RedisGuard),
-    Palisade {
-        guard: FencedGuard,
+    Fenced {
+        lease: SharedLease,
+        token: u64,
         watcher: tokio::task::JoinHandle<()>,
     },
 }
@@ -223,14 +264,18 @@ impl Held {
     fn token(&self) -> Option<u64> {
         match self {
             Held::Redis(_) => None,
-            Held::Palisade { guard, .. } => Some(guard.token().get()),
+            Held::Fenced { token, .. } => Some(*token),
         }
     }
 
     fn remaining(&self) -> Duration {
         match self {
             Held::Redis(g) => g.remaining(),
-            Held::Palisade { guard, .. } => guard.remaining(),
+            Held::Fenced { lease, .. } => lease
+                .lock()
+                .expect("poisoned")
+                .as_ref()
+                .map_or(Duration::ZERO, |l| l.remaining()),
         }
     }
 }
@@ -250,22 +295,32 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
             };
             Locker::Redis(Redlock::new(&a.servers, config)?)
         }
-        Backend::Palisade => {
-            let mut config = ClientConfig::new(a.servers.iter().cloned());
-            config.session_ttl = ttl;
-            config.rpc_timeout = Duration::from_millis(500);
-            config.retry_for = Duration::from_secs(10);
-            config.label = format!("drill client {}", a.client);
+        _ => {
+            let url: BackendUrl = a
+                .url
+                .as_deref()
+                .context("--url is needed for a correctness-lock backend")?
+                .parse()?;
+            let mut spec = SessionSpec {
+                ttl,
+                request_timeout: Some(Duration::from_millis(500)),
+                label: Some(format!("drill client {}", a.client)),
+                ..SessionSpec::default()
+            };
             if let (Some(ca), Some(cert), Some(key)) = (&a.ca, &a.cert, &a.key) {
-                config.tls = Some(TlsOptions::from_files(ca, Some((cert, key)))?);
+                spec.tls = Some(TlsOptions::from_files(ca, Some((cert, key)))?);
             }
             for pair in &a.address_map {
                 let (from, to) = pair
                     .split_once('=')
                     .with_context(|| format!("--address-map {pair:?}: expected A=B"))?;
-                config.address_map.insert(from.to_owned(), to.to_owned());
+                spec.address_map.insert(from.to_owned(), to.to_owned());
             }
-            Locker::Palisade(None, Box::new(config))
+            Locker::Fenced {
+                url,
+                spec: Box::new(spec),
+                session: None,
+            }
         }
     };
     let mut held: Option<(String, Held)> = None;
@@ -281,7 +336,8 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
         match command {
             Command::Acquire { lock, wait_ms } => {
                 if let Some((name, h)) = held.take() {
-                    release(&name, h).await;
+                    let (_, gone) = release(&name, h).await;
+                    locker.forget_session_if(gone);
                 }
                 match acquire(&mut locker, &lock, ttl, Duration::from_millis(wait_ms)).await {
                     Ok(h) => {
@@ -300,7 +356,8 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
             },
             Command::Release => match held.take() {
                 Some((name, h)) => {
-                    let ok = release(&name, h).await;
+                    let (ok, gone) = release(&name, h).await;
+                    locker.forget_session_if(gone);
                     done(ok, if ok { "released" } else { "release refused" });
                 }
                 None => done(false, "not holding a lock"),
@@ -310,9 +367,12 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
     }
     // Leave without releasing: a drill's client may be a superseded holder, and a
     // clean exit must not change what the servers decide.
-    if let Some((_, Held::Palisade { guard, watcher })) = held {
+    if let Some((_, Held::Fenced { lease, watcher, .. })) = held {
         watcher.abort();
-        std::mem::forget(guard);
+        std::mem::forget(lease.lock().expect("poisoned").take());
+    }
+    if let Locker::Fenced { session, .. } = locker {
+        std::mem::forget(session);
     }
     Ok(0)
 }
@@ -344,44 +404,58 @@ async fn acquire(
                 }
             }
         }
-        Locker::Palisade(client, config) => {
+        Locker::Fenced { url, spec, session } => {
             // A session that died (paused past its TTL, cut off) cannot be revived:
             // open a new one, as an application would.
-            if client.as_ref().is_none_or(|c| c.remaining().is_zero()) {
-                match Client::connect((**config).clone()).await {
-                    Ok(c) => *client = Some(c),
+            if session.is_none() {
+                match backends::connect(url, spec).await {
+                    Ok(s) => *session = Some(s),
                     Err(e) => {
                         event(EventKind::AcquireFail { lock: lock.into() });
                         return Err(format!("cannot open a session: {e}"));
                     }
                 }
             }
-            let Some(c) = client.as_ref() else {
+            let Some(s) = session.as_ref() else {
                 return Err("no session".into());
             };
-            let options = palisade_client::AcquireOptions {
+            let options = LockOptions {
                 wait,
-                ..Default::default()
+                ..LockOptions::default()
             };
-            match c.acquire(lock, &options).await {
-                Ok(guard) => {
+            match s.acquire(lock, &options).await {
+                Ok(lease) => {
+                    let token = lease.token().get();
                     event(EventKind::AcquireOk {
                         lock: lock.into(),
-                        token: Some(guard.token().get()),
+                        token: Some(token),
                         valid_until_us: None,
                     });
+                    let lost = lease.lost();
+                    let lease: SharedLease = Arc::new(Mutex::new(Some(lease)));
                     let watcher =
-                        tokio::spawn(watch_guarantee(lock.to_owned(), guard.lost(), c.clone()));
-                    Ok((lock.to_owned(), Held::Palisade { guard, watcher }))
+                        tokio::spawn(watch_guarantee(lock.to_owned(), lost, lease.clone()));
+                    Ok((
+                        lock.to_owned(),
+                        Held::Fenced {
+                            lease,
+                            token,
+                            watcher,
+                        },
+                    ))
                 }
                 Err(e) => {
                     let why = e.to_string();
                     let kind = match e {
-                        ClientError::Unavailable(_) | ClientError::Protocol(_) => {
+                        // The outcome of the request is not known.
+                        LockError::Unavailable { .. } => {
                             EventKind::AcquireUnknown { lock: lock.into() }
                         }
                         _ => EventKind::AcquireFail { lock: lock.into() },
                     };
+                    if matches!(e, LockError::Unavailable { .. } | LockError::SessionExpired) {
+                        *session = None;
+                    }
                     event(kind);
                     Err(why)
                 }
@@ -393,20 +467,24 @@ async fn acquire(
 /// Reports `LeaseLost` when the guarantee runs out, stamped when it ran out — not
 /// when this process noticed, which after a pause is much later: the history
 /// records what a careful client could have known.
-async fn watch_guarantee(
-    lock: String,
-    lost: impl std::future::Future<Output = ()>,
-    client: Client,
-) {
-    let mut last_good = client.guaranteed_until();
+async fn watch_guarantee(lock: String, lost: BoxFuture<'static, ()>, lease: SharedLease) {
+    let until = || {
+        lease
+            .lock()
+            .expect("poisoned")
+            .as_ref()
+            .map(|l| l.guaranteed_until())
+    };
+    let mut last_good = until().unwrap_or_else(Instant::now);
     let mut lost = std::pin::pin!(lost);
     loop {
         tokio::select! {
             () = &mut lost => break,
             () = tokio::time::sleep(Duration::from_millis(5)) => {
-                let until = client.guaranteed_until();
-                if until > Instant::now() {
-                    last_good = until;
+                if let Some(u) = until()
+                    && u > Instant::now()
+                {
+                    last_good = u;
                 }
             }
         }
@@ -418,19 +496,28 @@ async fn watch_guarantee(
     });
 }
 
-async fn release(lock: &str, h: Held) -> bool {
+/// Releases `h`; reports whether the backend confirmed it, and whether the
+/// session that held it is gone (a lost lease: the next acquire opens a new one).
+async fn release(lock: &str, h: Held) -> (bool, bool) {
     event(EventKind::ReleaseInvoke { lock: lock.into() });
-    let ok = match h {
-        Held::Redis(g) => g.release().await.is_ok(),
-        Held::Palisade { guard, watcher } => {
+    let (ok, session_gone) = match h {
+        Held::Redis(g) => (g.release().await.is_ok(), false),
+        Held::Fenced { lease, watcher, .. } => {
             watcher.abort();
-            guard.release().await.is_ok()
+            let taken = lease.lock().expect("poisoned").take();
+            match taken {
+                Some(l) => {
+                    let gone = l.state() == LeaseState::Lost;
+                    (l.release().await.is_ok(), gone)
+                }
+                None => (false, true),
+            }
         }
     };
     if ok {
         event(EventKind::ReleaseOk { lock: lock.into() });
     }
-    ok
+    (ok, session_gone)
 }
 
 async fn increment(
