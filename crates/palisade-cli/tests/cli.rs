@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use palisade_faultproxy::{FaultProxy, Link};
 use palisade_testkit::PalisadeNode;
 
 fn bin() -> &'static Path {
@@ -396,4 +397,113 @@ fn lock_on_zookeeper_passes_increasing_tokens_also_across_a_kill9() {
     }
     let third = token();
     assert!(third > second, "{first} {second} {third}");
+}
+
+/// Runs `palisade lock demo --backend <via proxy>` holding a command, cuts the
+/// proxy, and has a second client (direct) take the lock: by the time it is
+/// granted, the first command must be gone, and the first `lock` exits 76.
+fn cut_off_holder_is_stopped_before_the_next_grant(via_proxy: &str, direct: &str, proxy: &Link) {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("holder.pid");
+    let mut holder = Command::new(bin())
+        .args(["lock", "demo", "--backend", via_proxy, "--wait", "30s"])
+        .args(["--ttl", "2s", "--grace", "1s", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 600", pid_file.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file)
+            && text.ends_with('\n')
+        {
+            break text.trim().to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{via_proxy}: the holder's command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    proxy.partition();
+    // The second client's command looks at the first one: still running (and
+    // not a zombie) means two commands inside the lock at once.
+    let out = Command::new(bin())
+        .args(["lock", "demo", "--backend", direct, "--wait", "60s", "--"])
+        .args(["sh", "-c"])
+        .arg(format!(
+            "s=$(cut -d' ' -f3 /proc/{pid}/stat 2>/dev/null); \
+             if [ -n \"$s\" ] && [ \"$s\" != Z ]; then echo alive; else echo gone; fi"
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{direct}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "gone",
+        "{via_proxy}: the cut-off holder's command still ran when the next holder was granted"
+    );
+    let status = holder.wait().unwrap();
+    let stderr = {
+        use std::io::Read;
+        let mut s = String::new();
+        let _ = holder.stderr.take().unwrap().read_to_string(&mut s);
+        s
+    };
+    assert_eq!(
+        status.code(),
+        Some(76),
+        "{via_proxy}: lost lock must exit 76: {stderr}"
+    );
+}
+
+#[test]
+fn a_cut_off_holder_is_stopped_before_the_next_grant_on_every_backend() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxied = |addr: &str| {
+        rt.block_on(FaultProxy::start(addr.parse().unwrap()))
+            .unwrap()
+    };
+
+    let node = PalisadeNode::single(bin()).unwrap();
+    let p = proxied(&node.addr());
+    cut_off_holder_is_stopped_before_the_next_grant(
+        &format!("palisade://{}", p.addr()),
+        &format!("palisade://{}", node.addr()),
+        p.link(),
+    );
+    drop(node);
+
+    let zk = palisade_testkit::ZooKeeperEnsemble::start(1).unwrap();
+    let p = proxied(&zk.endpoints()[0]);
+    cut_off_holder_is_stopped_before_the_next_grant(
+        &format!("zk://{}", p.addr()),
+        &format!("zk://{}", zk.connect_string()),
+        p.link(),
+    );
+    drop(zk);
+
+    let etcd = palisade_testkit::EtcdCluster::start(1).unwrap();
+    let p = proxied(&etcd.endpoints()[0]);
+    cut_off_holder_is_stopped_before_the_next_grant(
+        &format!("etcd://{}", p.addr()),
+        &format!("etcd://{}", etcd.endpoints()[0]),
+        p.link(),
+    );
+    drop(etcd);
+
+    let pg = palisade_testkit::PostgresServer::start().unwrap();
+    let p = proxied(&format!("127.0.0.1:{}", pg.port()));
+    cut_off_holder_is_stopped_before_the_next_grant(
+        &pg.url().replace(
+            &format!(":{}/", pg.port()),
+            &format!(":{}/", p.addr().port()),
+        ),
+        &pg.url(),
+        p.link(),
+    );
 }

@@ -1,6 +1,7 @@
 //! `palisade bench …`: measurements that start their own servers. Numbers in the
 //! README come from here, never from tests.
 
+mod locks;
 mod redis_locks;
 mod server;
 pub mod stats;
@@ -18,6 +19,10 @@ pub enum BenchCommand {
     /// The Palisade server (1 and 3 nodes, durable commits): uncontended pairs/s
     /// with 1 and 64 clients, and the contended handoff with 8 clients.
     Server(server::ServerBenchArgs),
+    /// Every correctness-lock backend side by side in one run (Palisade 1 and 3
+    /// nodes, ZooKeeper 3, etcd 3, PostgreSQL; or `--backend URL,…`): the same
+    /// rows as `bench server`.
+    Lock(locks::LockBenchArgs),
 }
 
 /// Runs a benchmark; returns the exit status.
@@ -25,6 +30,7 @@ pub async fn run(command: BenchCommand) -> Result<i32> {
     match command {
         BenchCommand::Redis(a) => redis_locks::run(a).await,
         BenchCommand::Server(a) => server::run(a).await,
+        BenchCommand::Lock(a) => locks::run(a).await,
     }
 }
 

@@ -8,17 +8,18 @@
 //!   being granted — one commit plus the server's push to the waiter, measured on
 //!   this process's monotonic clock (all clients live in this process).
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use palisade_client::{AcquireOptions, Admin, Client, ClientConfig, TlsOptions};
+use palisade_client::{Admin, Client, ClientConfig, TlsOptions};
+use palisade_core::FencedLocks;
 use palisade_testkit::PalisadeNode;
 use serde::Serialize;
 
-use super::stats::{Samples, Sorted};
+use super::locks::{self, Measured};
+use super::stats::Sorted;
 use crate::duration_arg;
 
 /// Arguments of `palisade bench server`.
@@ -156,15 +157,15 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
         wait_for_leader(target).await?;
         for &clients in &a.clients {
             bar.set_message(format!("{n} node(s), {clients} uncontended client(s)"));
-            let (row, acq) = uncontended(n, target, clients, a.duration).await?;
-            curves.push((format!("acquire, {n} node(s) ×{clients}"), acq));
-            rows.push(row);
+            let m = locks::uncontended(sessions(target, clients).await?, a.duration).await?;
+            rows.push(row(n, target.tls.is_some(), clients, "uncontended", &m));
+            curves.push((format!("acquire, {n} node(s) ×{clients}"), m.acquire));
             bar.inc(1);
         }
         bar.set_message(format!("{n} node(s), {} contended clients", a.contenders));
-        let (row, handoff) = contended(n, target, a.contenders, a.duration).await?;
-        curves.push((format!("handoff, {n} node(s) ×{}", a.contenders), handoff));
-        rows.push(row);
+        let m = locks::contended(sessions(target, a.contenders).await?, a.duration).await?;
+        rows.push(row(n, target.tls.is_some(), a.contenders, "contended", &m));
+        curves.push((format!("handoff, {n} node(s) ×{}", a.contenders), m.handoff));
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -221,124 +222,29 @@ async fn wait_for_leader(target: &Target) -> Result<()> {
     }
 }
 
-async fn uncontended(
-    nodes: u64,
-    target: &Target,
-    clients: usize,
-    duration: Duration,
-) -> Result<(Row, Sorted)> {
-    let mut handles = Vec::new();
-    let mut sessions = Vec::new();
-    for _ in 0..clients {
-        sessions.push(Client::connect(config(target)).await?);
+/// Opens `n` Palisade sessions, as the lock trait's objects.
+async fn sessions(target: &Target, n: usize) -> Result<Vec<Box<dyn FencedLocks>>> {
+    let mut sessions: Vec<Box<dyn FencedLocks>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        sessions.push(Box::new(Client::connect(config(target)).await?));
     }
-    let start = Instant::now();
-    for (i, client) in sessions.into_iter().enumerate() {
-        handles.push(tokio::spawn(async move {
-            let name = format!("bench/uncontended/{i}");
-            let mut acq = Samples::default();
-            let began = Instant::now();
-            while began.elapsed() < duration {
-                let t = Instant::now();
-                let g = client.acquire(&name, &AcquireOptions::default()).await?;
-                acq.push(t.elapsed());
-                g.release().await?;
-            }
-            client.close().await?;
-            anyhow::Ok(acq)
-        }));
-    }
-    let mut acq = Samples::default();
-    for h in handles {
-        acq.extend(h.await??);
-    }
-    let wall = start.elapsed();
-    let pairs = acq.len();
-    let acq = acq.sorted();
-    let row = Row {
-        nodes,
-        tls: target.tls.is_some(),
-        clients,
-        workload: "uncontended",
-        acquire_p50_us: acq.percentile(50.0),
-        acquire_p99_us: acq.percentile(99.0),
-        pairs_per_s: (pairs as f64 / wall.as_secs_f64()).round(),
-        handoff_p50_us: None,
-        handoff_p99_us: None,
-        pairs,
-    };
-    Ok((row, acq))
+    Ok(sessions)
 }
 
-/// One holder's turn: when it was granted, and when it began releasing.
-struct Turn {
-    granted: Instant,
-    releasing: Instant,
-}
-
-async fn contended(
-    nodes: u64,
-    target: &Target,
-    clients: usize,
-    duration: Duration,
-) -> Result<(Row, Sorted)> {
-    let turns = Arc::new(Mutex::new(Vec::<Turn>::new()));
-    let mut sessions = Vec::new();
-    for _ in 0..clients {
-        sessions.push(Client::connect(config(target)).await?);
-    }
-    let start = Instant::now();
-    let mut handles = Vec::new();
-    for client in sessions {
-        let turns = turns.clone();
-        handles.push(tokio::spawn(async move {
-            let wait = AcquireOptions {
-                wait: duration + Duration::from_secs(30),
-                ..Default::default()
-            };
-            let mut acq = Samples::default();
-            while start.elapsed() < duration {
-                let t = Instant::now();
-                let g = client.acquire("bench/contended", &wait).await?;
-                let granted = Instant::now();
-                acq.push(granted - t);
-                let releasing = Instant::now();
-                turns
-                    .lock()
-                    .expect("poisoned")
-                    .push(Turn { granted, releasing });
-                g.release().await?;
-            }
-            client.close().await?;
-            anyhow::Ok(acq)
-        }));
-    }
-    let mut acq = Samples::default();
-    for h in handles {
-        acq.extend(h.await??);
-    }
-    let wall = start.elapsed();
-    let mut turns = std::mem::take(&mut *turns.lock().expect("poisoned"));
-    turns.sort_by_key(|t| t.granted);
-    let mut handoff = Samples::default();
-    for pair in turns.windows(2) {
-        handoff.push(pair[1].granted.saturating_duration_since(pair[0].releasing));
-    }
-    let pairs = acq.len();
-    let (acq, handoff) = (acq.sorted(), handoff.sorted());
-    let row = Row {
+fn row(nodes: u64, tls: bool, clients: usize, workload: &'static str, m: &Measured) -> Row {
+    let contended = workload == "contended";
+    Row {
         nodes,
-        tls: target.tls.is_some(),
+        tls,
         clients,
-        workload: "contended",
-        acquire_p50_us: acq.percentile(50.0),
-        acquire_p99_us: acq.percentile(99.0),
-        pairs_per_s: (pairs as f64 / wall.as_secs_f64()).round(),
-        handoff_p50_us: handoff.percentile(50.0),
-        handoff_p99_us: handoff.percentile(99.0),
-        pairs,
-    };
-    Ok((row, handoff))
+        workload,
+        acquire_p50_us: m.acquire.percentile(50.0),
+        acquire_p99_us: m.acquire.percentile(99.0),
+        pairs_per_s: m.pairs_per_s,
+        handoff_p50_us: contended.then(|| m.handoff.percentile(50.0)).flatten(),
+        handoff_p99_us: contended.then(|| m.handoff.percentile(99.0)).flatten(),
+        pairs: m.pairs,
+    }
 }
 
 fn print_table(rows: &[Row]) {

@@ -1,0 +1,80 @@
+//! `palisade bench lock` as a user runs it: one run starts every correctness
+//! backend and prints the same rows for each. The numbers are not judged here
+//! (timings belong in benchmarks, not in asserts); that every row is there, with
+//! every documented field and work actually done, is.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn bench_lock_prints_every_backends_rows_from_one_run() {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["bench", "lock", "--json", "--duration", "300ms"])
+        .args(["--clients", "1,4", "--contenders", "3"])
+        .output()
+        .expect("run palisade bench lock");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    let fields = [
+        "backend",
+        "nodes",
+        "clients",
+        "workload",
+        "acquire_p50_us",
+        "acquire_p99_us",
+        "pairs_per_s",
+        "handoff_p50_us",
+        "handoff_p99_us",
+    ];
+    for r in &rows {
+        for f in fields {
+            assert!(r.get(f).is_some(), "{f} missing in {r}");
+        }
+        assert!(r["pairs"].as_u64().unwrap() >= 1, "no work done: {r}");
+    }
+    for (backend, nodes) in [
+        ("palisade", 1),
+        ("palisade", 3),
+        ("zookeeper", 3),
+        ("etcd", 3),
+        ("postgres", 1),
+    ] {
+        let of = |clients: u64, workload: &str| {
+            rows.iter().find(|r| {
+                r["backend"] == backend
+                    && r["nodes"] == nodes
+                    && r["clients"] == clients
+                    && r["workload"] == workload
+            })
+        };
+        assert!(
+            of(1, "uncontended").is_some(),
+            "{backend} ×{nodes}: {stdout}"
+        );
+        assert!(
+            of(4, "uncontended").is_some(),
+            "{backend} ×{nodes}: {stdout}"
+        );
+        let contended = of(3, "contended").unwrap_or_else(|| panic!("{backend}: {stdout}"));
+        // Three clients taking turns for 300 ms hand the lock over at least once.
+        assert!(contended["handoff_p50_us"].is_u64(), "{contended}");
+    }
+    assert_eq!(rows.len(), 5 * 3, "{stdout}");
+
+    // A URL with an unknown scheme is bad input: exit 2, nothing started.
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["bench", "lock", "--backend", "consul://127.0.0.1:8500"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheme"));
+}
