@@ -188,11 +188,10 @@ async fn essay(a: EssayArgs) -> Result<i32> {
 
     let admin = Admin::new(&ClientConfig::new([endpoints.clone()]))?;
     loop {
-        let held_by_c1 = admin
-            .list()
-            .await?
-            .iter()
-            .any(|l| l.name == "essay" && l.token == t1);
+        let held_by_c1 =
+            admin.list().await?.iter().any(|l| {
+                l.name == "essay" && l.holder.as_ref().is_some_and(|h| h.token.get() == t1)
+            });
         if !held_by_c1 {
             break;
         }

@@ -426,7 +426,7 @@ pub async fn status(a: QueryArgs) -> Result<i32> {
         };
         let v = serde_json::json!({
             "id": s.id,
-            "leader": if s.leader == 0 { serde_json::Value::Null } else { s.leader.into() },
+            "leader": s.leader,
             "term": s.term,
             "commit_index": s.commit_index,
             "last_applied": s.last_applied,
@@ -439,11 +439,8 @@ pub async fn status(a: QueryArgs) -> Result<i32> {
         println!("answered by  node {} ({})", s.id, s.state);
         println!(
             "leader       {}",
-            if s.leader == 0 {
-                "none".into()
-            } else {
-                format!("node {}", s.leader)
-            }
+            s.leader
+                .map_or_else(|| "none".to_owned(), |l| format!("node {l}"))
         );
         println!("term         {}", s.term);
         println!("commit index {}", s.commit_index);
@@ -454,7 +451,11 @@ pub async fn status(a: QueryArgs) -> Result<i32> {
                 m.id,
                 m.addr,
                 m.peer_addr,
-                if m.id == s.leader { "  (leader)" } else { "" }
+                if Some(m.id) == s.leader {
+                    "  (leader)"
+                } else {
+                    ""
+                }
             );
         }
         for m in &s.learners {
@@ -470,12 +471,13 @@ pub async fn locks(a: QueryArgs) -> Result<i32> {
     let locks = admin.list().await.context("no leader answered")?;
     if a.json {
         for l in &locks {
+            let h = l.holder.as_ref();
             let v = serde_json::json!({
                 "name": l.name,
-                "holder": if l.holder_session == 0 { serde_json::Value::Null } else { l.holder_session.into() },
-                "holder_label": l.holder_label,
-                "token": if l.token == 0 { serde_json::Value::Null } else { l.token.into() },
-                "waiters": l.waiters,
+                "holder": h.map(|h| h.session.get()),
+                "holder_label": h.map_or("", |h| h.label.as_str()),
+                "token": h.map(|h| h.token.get()),
+                "waiters": l.waiters.iter().map(|w| w.get()).collect::<Vec<_>>(),
                 "in_lock_delay": l.in_lock_delay,
             });
             println!("{v}");
@@ -486,21 +488,15 @@ pub async fn locks(a: QueryArgs) -> Result<i32> {
             "name", "session", "token", "waiters"
         );
         for l in &locks {
+            let h = l.holder.as_ref();
+            let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
             println!(
                 "{:<32} {:>8} {:>10} {:>8}  {}{}",
                 l.name,
-                if l.holder_session == 0 {
-                    "-".into()
-                } else {
-                    l.holder_session.to_string()
-                },
-                if l.token == 0 {
-                    "-".into()
-                } else {
-                    l.token.to_string()
-                },
+                or_dash(h.map(|h| h.session.to_string())),
+                or_dash(h.map(|h| h.token.to_string())),
                 l.waiters.len(),
-                l.holder_label,
+                h.map_or("", |h| h.label.as_str()),
                 if l.in_lock_delay { " (lock-delay)" } else { "" }
             );
         }

@@ -67,9 +67,10 @@ async fn leader_of(nodes: &[&PalisadeNode]) -> u64 {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
         if let Ok(s) = admin.status().await
-            && nodes.iter().any(|n| n.id() == s.leader)
+            && let Some(leader) = s.leader
+            && nodes.iter().any(|n| n.id() == leader)
         {
-            return s.leader;
+            return leader;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -234,7 +235,8 @@ async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
         .await
         .unwrap_err();
     assert_eq!(ErrorCode::of(&err), Some(ErrorCode::UnknownSession));
-    assert_eq!(c.get("job").await.unwrap().unwrap().token, g.token().get());
+    let info = c.get("job").await.unwrap().unwrap();
+    assert_eq!(info.holder.map(|h| h.token), Some(g.token()));
 }
 
 /// A grant whose answer reaches the client only after its session's guarantee
@@ -277,7 +279,7 @@ async fn a_grant_that_arrives_after_the_guarantee_ran_out_is_not_handed_out() {
             .get("late")
             .await
             .unwrap()
-            .is_none_or(|l| l.holder_session != waiter.session_id())
+            .is_none_or(|l| l.holder.is_none_or(|h| h.session != waiter.session_id()))
     })
     .await;
     proxy.link().heal();
@@ -314,7 +316,7 @@ async fn lock_delay_holds_the_lock_after_expiry_but_not_after_release() {
         c.get("d")
             .await
             .unwrap()
-            .is_some_and(|l| l.holder_session == 0)
+            .is_some_and(|l| l.holder.is_none())
     })
     .await;
     let l = c.get("d").await.unwrap().unwrap();
@@ -423,7 +425,12 @@ async fn bad_input_is_refused_with_typed_errors() {
         (999_999, t, key.clone(), ErrorCode::UnknownSession),
         (session, t, wrong_key, ErrorCode::Unauthenticated),
         (session, t, Vec::new(), ErrorCode::Unauthenticated),
-        (c.session_id(), t, key.clone(), ErrorCode::Unauthenticated),
+        (
+            c.session_id().get(),
+            t,
+            key.clone(),
+            ErrorCode::Unauthenticated,
+        ),
     ] {
         let err = raw
             .release(ReleaseRequest {
@@ -435,9 +442,23 @@ async fn bad_input_is_refused_with_typed_errors() {
             .await
             .unwrap_err();
         assert_eq!(ErrorCode::of(&err), Some(expected), "{err:?}");
+        if expected == ErrorCode::StaleToken {
+            // The refusal names both tokens, for a client to report.
+            let meta = |k| err.metadata().get(k).and_then(|v| v.to_str().ok());
+            let (presented, current) = (t + 1, t);
+            assert_eq!(
+                meta(palisade_proto::PRESENTED_TOKEN_KEY),
+                Some(presented.to_string().as_str())
+            );
+            assert_eq!(
+                meta(palisade_proto::CURRENT_TOKEN_KEY),
+                Some(current.to_string().as_str())
+            );
+        }
     }
     // Nothing changed: still held with the same token.
-    assert_eq!(c.get("held").await.unwrap().unwrap().token, t);
+    let info = c.get("held").await.unwrap().unwrap();
+    assert_eq!(info.holder.unwrap().token.get(), t);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -470,8 +491,9 @@ async fn three_nodes_survive_leader_kill_and_full_restart() {
     }
     // The holder kept its lock through the failover.
     let info = worker.get("held-through-failover").await.unwrap().unwrap();
-    assert_eq!(info.token, held.token().get());
-    assert_eq!(info.holder_session, holder.session_id());
+    let h = info.holder.unwrap();
+    assert_eq!(h.token, held.token());
+    assert_eq!(h.session, holder.session_id());
     drop(survivors);
     nodes[(leader - 1) as usize].start().unwrap();
 
@@ -554,7 +576,7 @@ async fn membership_grows_and_shrinks_while_locks_keep_working() {
     assert_eq!(members, [1, 2, 3, 4]);
 
     // Remove a node that is not the leader, then stop it: the rest carry on.
-    let leader = status.leader;
+    let leader = status.leader.unwrap();
     let gone = [1u64, 2, 3].into_iter().find(|id| *id != leader).unwrap();
     let keep: Vec<u64> = [1, 2, 3, 4].into_iter().filter(|id| *id != gone).collect();
     admin.change_membership(&keep).await.unwrap();

@@ -1,5 +1,6 @@
 //! The client's one error type.
 
+use palisade_core::FencingToken;
 use palisade_proto::ErrorCode;
 
 /// What can go wrong talking to a Palisade cluster.
@@ -25,9 +26,18 @@ pub enum ClientError {
     /// The session does not hold the lock (e.g. it was released already).
     #[error("not the holder: {0}")]
     NotHolder(String),
-    /// The token is not the current holder's.
-    #[error("stale token: {0}")]
-    StaleToken(String),
+    /// The token does not name the lock's current grant (a release with a token
+    /// that a later grant superseded). The tokens are `None` only from a server
+    /// that does not send them.
+    #[error("stale token: {detail}")]
+    StaleToken {
+        /// The token the request presented.
+        presented: Option<FencingToken>,
+        /// The token of the lock's current grant.
+        current: Option<FencingToken>,
+        /// The server's words.
+        detail: String,
+    },
     /// A server limit was reached.
     #[error("limit reached: {0}")]
     LimitReached(String),
@@ -67,7 +77,21 @@ impl ClientError {
             Some(ErrorCode::WaitTimeout) => ClientError::WaitTimeout,
             Some(ErrorCode::UnknownSession) => ClientError::SessionExpired,
             Some(ErrorCode::NotHolder) => ClientError::NotHolder(msg),
-            Some(ErrorCode::StaleToken) => ClientError::StaleToken(msg),
+            Some(ErrorCode::StaleToken) => {
+                let token = |key| {
+                    status
+                        .metadata()
+                        .get(key)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .and_then(FencingToken::new)
+                };
+                ClientError::StaleToken {
+                    presented: token(palisade_proto::PRESENTED_TOKEN_KEY),
+                    current: token(palisade_proto::CURRENT_TOKEN_KEY),
+                    detail: msg,
+                }
+            }
             Some(ErrorCode::LimitReached) => ClientError::LimitReached(msg),
             Some(ErrorCode::Unauthenticated) => ClientError::Unauthenticated(msg),
             Some(ErrorCode::PermissionDenied) => ClientError::PermissionDenied(msg),
@@ -88,7 +112,9 @@ impl From<ClientError> for palisade_core::LockError {
             ClientError::WaitTimeout => L::WaitTimeout,
             ClientError::SessionExpired => L::SessionExpired,
             ClientError::GrantTooLate => L::GrantTooLate,
-            ClientError::NotHolder(m) | ClientError::StaleToken(m) => L::NotHolder(m),
+            ClientError::NotHolder(m) | ClientError::StaleToken { detail: m, .. } => {
+                L::NotHolder(m)
+            }
             ClientError::LimitReached(m) => L::LimitReached(m),
             ClientError::Unauthenticated(m) => L::Unauthenticated(m),
             ClientError::PermissionDenied(m) => L::PermissionDenied(m),

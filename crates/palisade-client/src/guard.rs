@@ -101,7 +101,7 @@ impl FencedGuard {
 }
 
 async fn release(client: &Client, name: &str, token: FencingToken) -> Result<(), ClientError> {
-    let session = client.session.id;
+    let session = client.session.id.get();
     client
         .conn
         .call(client.conn.retry_for, |ch| {

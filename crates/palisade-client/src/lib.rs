@@ -28,6 +28,7 @@ mod connector;
 mod error;
 mod guard;
 mod session;
+mod types;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,7 +42,7 @@ use palisade_proto::v1::{
     AcquireRequest, AddLearnerRequest, CancelAcquireRequest, ChangeMembershipRequest,
     CheckTokenRequest, GetRequest, ListRequest, StatusRequest,
 };
-pub use palisade_proto::v1::{LockInfo, Member, StatusResponse as ClusterStatus};
+pub use types::{ClusterStatus, Holder, LockView, Member, SessionId};
 
 use connector::Connector;
 use session::Session;
@@ -205,7 +206,7 @@ impl Client {
     }
 
     /// The session id.
-    pub fn session_id(&self) -> u64 {
+    pub fn session_id(&self) -> SessionId {
         self.session.id
     }
 
@@ -245,7 +246,7 @@ impl Client {
         self.session.check_alive()?;
         let give_up = Instant::now() + options.wait;
         let request = |wait: Duration| AcquireRequest {
-            session_id: self.session.id,
+            session_id: self.session.id.get(),
             name: name.to_owned(),
             wait_ms: wait.as_millis() as u64,
             lock_delay_ms: options.lock_delay.as_millis() as u64,
@@ -286,7 +287,7 @@ impl Client {
 
     /// Asks the server to forget an acquisition whose answer we did not get.
     fn cancel_in_background(&self, name: &str) {
-        let (conn, session, name) = (self.conn.clone(), self.session.id, name.to_owned());
+        let (conn, session, name) = (self.conn.clone(), self.session.id.get(), name.to_owned());
         let key = self.session.key.clone();
         tokio::spawn(async move {
             let _ = conn
@@ -306,7 +307,7 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::Unavailable`] and the like.
-    pub async fn get(&self, name: &str) -> Result<Option<LockInfo>, ClientError> {
+    pub async fn get(&self, name: &str) -> Result<Option<LockView>, ClientError> {
         let reply = self
             .conn
             .call(self.conn.retry_for, |ch| {
@@ -316,14 +317,14 @@ impl Client {
                 async move { LocksClient::new(ch).get(req).await }
             })
             .await?;
-        Ok(reply.lock)
+        reply.lock.map(LockView::try_from).transpose()
     }
 
     /// All locks by name, read linearizably.
     ///
     /// # Errors
     /// [`ClientError::Unavailable`] and the like.
-    pub async fn list(&self) -> Result<Vec<LockInfo>, ClientError> {
+    pub async fn list(&self) -> Result<Vec<LockView>, ClientError> {
         list(&self.conn).await
     }
 
@@ -390,7 +391,7 @@ impl Admin {
     ///
     /// # Errors
     /// [`ClientError::Unavailable`] and the like.
-    pub async fn list(&self) -> Result<Vec<LockInfo>, ClientError> {
+    pub async fn list(&self) -> Result<Vec<LockView>, ClientError> {
         list(&self.conn).await
     }
 
@@ -452,15 +453,16 @@ async fn status(conn: &Connector) -> Result<ClusterStatus, ClientError> {
         LocksClient::new(ch).status(StatusRequest {}).await
     })
     .await
+    .map(ClusterStatus::from)
 }
 
-async fn list(conn: &Connector) -> Result<Vec<LockInfo>, ClientError> {
+async fn list(conn: &Connector) -> Result<Vec<LockView>, ClientError> {
     let reply = conn
         .call(conn.retry_for, |ch| async move {
             LocksClient::new(ch).list(ListRequest {}).await
         })
         .await?;
-    Ok(reply.locks)
+    reply.locks.into_iter().map(LockView::try_from).collect()
 }
 
 async fn check_token(

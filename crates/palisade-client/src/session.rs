@@ -9,11 +9,11 @@ use palisade_proto::v1::{CloseSessionRequest, CreateSessionRequest, KeepAliveReq
 use tokio::sync::watch;
 
 use crate::connector::Connector;
-use crate::{ClientConfig, ClientError};
+use crate::{ClientConfig, ClientError, SessionId};
 
 /// One session and its guarantee.
 pub(crate) struct Session {
-    pub id: u64,
+    pub id: SessionId,
     /// The session's key, which every call on the session presents.
     pub key: Vec<u8>,
     pub ttl: Duration,
@@ -43,13 +43,15 @@ impl Session {
                 async move { LocksClient::new(ch).create_session(req).await }
             })
             .await?;
+        let id = SessionId::new(reply.session_id)
+            .ok_or_else(|| ClientError::Protocol("the server opened session 0".into()))?;
         let ttl = Duration::from_millis(reply.ttl_ms);
         let margin = config
             .safety_margin
             .unwrap_or_else(|| (ttl / 10).max(Duration::from_millis(50)))
             .min(ttl / 2);
         let session = Arc::new(Session {
-            id: reply.session_id,
+            id,
             key: reply.session_key,
             ttl,
             conn,
@@ -92,7 +94,7 @@ impl Session {
             task.abort();
         }
         let req = CloseSessionRequest {
-            session_id: self.id,
+            session_id: self.id.get(),
             session_key: self.key.clone(),
         };
         let result = self
@@ -119,7 +121,7 @@ impl Drop for Session {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let conn = self.conn.clone();
             let req = CloseSessionRequest {
-                session_id: self.id,
+                session_id: self.id.get(),
                 session_key: std::mem::take(&mut self.key),
             };
             rt.spawn(async move {
@@ -144,7 +146,7 @@ async fn keep_alive(session: std::sync::Weak<Session>, margin: Duration) {
         let every = s.ttl / 4;
         let attempt_timeout = s.conn.rpc_timeout.min(every);
         let sent = Instant::now();
-        let id = s.id;
+        let id = s.id.get();
         let reply = s
             .conn
             .call(attempt_timeout, |ch| {

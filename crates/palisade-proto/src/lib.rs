@@ -15,6 +15,10 @@ pub mod v1 {
 pub const ERROR_KEY: &str = "palisade-error";
 /// The metadata key that carries the leader's `HOST:PORT` on a NOT_LEADER status.
 pub const LEADER_KEY: &str = "palisade-leader";
+/// On a STALE_TOKEN status: the token the request presented (decimal).
+pub const PRESENTED_TOKEN_KEY: &str = "palisade-presented-token";
+/// On a STALE_TOKEN status: the token of the lock's current grant (decimal).
+pub const CURRENT_TOKEN_KEY: &str = "palisade-current-token";
 
 /// The machine-readable error codes carried under [`ERROR_KEY`]. Stable: clients
 /// match on them.

@@ -205,7 +205,19 @@ pub fn machine_status(e: &MachineError) -> Status {
         // proposer should not have built): nothing the caller did; retry.
         MachineError::NotInLockDelay { .. } | MachineError::BatchConflict => ErrorCode::Unavailable,
     };
-    code.status(e.to_string())
+    let mut status = code.status(e.to_string());
+    if let MachineError::StaleToken { presented, current } = e {
+        // Decimal digits are always valid ASCII metadata.
+        for (key, token) in [
+            (palisade_proto::PRESENTED_TOKEN_KEY, presented),
+            (palisade_proto::CURRENT_TOKEN_KEY, current),
+        ] {
+            if let Ok(value) = token.get().to_string().parse() {
+                status.metadata_mut().insert(key, value);
+            }
+        }
+    }
+    status
 }
 
 fn unexpected(reply: &Reply) -> Status {

@@ -211,7 +211,7 @@ async fn wait_for_leader(target: &Target) -> Result<()> {
     let admin = Admin::new(&config(target))?;
     let start = Instant::now();
     loop {
-        if admin.status().await.is_ok_and(|s| s.leader != 0) {
+        if admin.status().await.is_ok_and(|s| s.leader.is_some()) {
             return Ok(());
         }
         anyhow::ensure!(

@@ -210,9 +210,9 @@ impl Env {
         let started = std::time::Instant::now();
         loop {
             if let Ok(status) = admin.status().await
-                && status.leader != 0
+                && let Some(leader) = status.leader
             {
-                return Ok(status.leader);
+                return Ok(leader);
             }
             if started.elapsed() > Duration::from_secs(60) {
                 bail!("the Palisade cluster has no leader after 60 s");
@@ -244,12 +244,12 @@ impl Env {
             }
             if answers.len() == admins.len() {
                 let first = &answers[0];
-                let agreed = first.leader != 0
+                let agreed = first.leader.is_some()
                     && answers
                         .iter()
                         .all(|s| s.leader == first.leader && s.term == first.term);
                 if agreed {
-                    let leader = answers.iter().find(|s| s.id == first.leader);
+                    let leader = answers.iter().find(|s| Some(s.id) == first.leader);
                     let committed = leader.map_or(u64::MAX, |l| l.commit_index);
                     let target = *target.get_or_insert(committed);
                     if answers.iter().all(|s| s.last_applied >= target) {

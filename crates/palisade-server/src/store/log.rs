@@ -66,8 +66,9 @@ pub struct LogStore {
     writer: mpsc::Sender<Op>,
 }
 
-fn io_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(e.to_string())
+/// Wraps a storage error for openraft, keeping it as the `source()`.
+fn io_err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
+    io::Error::other(e)
 }
 
 impl LogStore {
@@ -190,7 +191,10 @@ fn write_loop(db: Database, rx: mpsc::Receiver<Op>) {
             "log batch committed"
         );
         for op in batch {
-            let r = result.as_ref().map(|_| ()).map_err(io_err);
+            let r = result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|e| io_err(e.to_string()));
             match op {
                 Op::Append(_, Some(cb)) => cb.log_io_completed(r),
                 Op::Meta(_, _, Some(done)) => {

@@ -97,8 +97,9 @@ pub struct StateMachineStore {
     db: Arc<Database>,
 }
 
-fn io_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(e.to_string())
+/// Wraps a storage error for openraft, keeping it as the `source()`.
+fn io_err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
+    io::Error::other(e)
 }
 
 impl StateMachineStore {
