@@ -161,11 +161,15 @@ impl ZkLocks {
         }
         let parent = format!("{LOCKS}/{}", znode_segment(name));
         let give_up = Instant::now() + options.wait;
-        // The container may vanish between its creation and our child's (it is
-        // removed when empty): create both again then.
+        // Optimistically create the child first (one write, as Curator does):
+        // the parents are created only when missing. The container may also
+        // vanish between its creation and our child's (it is removed when
+        // empty): create both again then.
         let mut attempts = 0;
         let (stat, sequence) = loop {
-            self.ensure_parent(&parent).await?;
+            if attempts > 0 {
+                self.ensure_parent(&parent).await?;
+            }
             match s
                 .client
                 .create(
@@ -176,7 +180,7 @@ impl ZkLocks {
                 .await
             {
                 Ok(created) => break created,
-                Err(zk::Error::NoNode) if attempts < 5 => attempts += 1,
+                Err(zk::Error::NoNode) if attempts < 6 => attempts += 1,
                 Err(e) => return Err(zk_error(e)),
             }
         };
