@@ -1,33 +1,11 @@
-//! `palisade fence-store`: the fenced object store, and a small HTTP client for it.
+//! `palisade fence-store`: the fenced object store (its HTTP client is
+//! `palisade_fence::client`).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
-use clap::{Args, ValueEnum};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use palisade_fence::Fencing;
-
-/// Whether the store checks tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum FencingArg {
-    /// Reject writes whose token is below the highest accepted (409).
-    On,
-    /// Accept every write (to show what goes wrong without fencing).
-    Off,
-}
-
-impl From<FencingArg> for Fencing {
-    fn from(f: FencingArg) -> Self {
-        match f {
-            FencingArg::On => Fencing::On,
-            FencingArg::Off => Fencing::Off,
-        }
-    }
-}
+use clap::Args;
+use palisade_harness::FencingArg;
 
 /// `palisade fence-store`.
 #[derive(Args)]
@@ -94,113 +72,11 @@ pub async fn serve(a: FenceStoreArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// A reply of the store: status, `Fencing-Token` header if any, body.
-pub struct Reply {
-    pub status: u16,
-    pub token: Option<u64>,
-    pub body: String,
-}
-
-/// Where the store is, and whether it speaks TLS.
-#[derive(Clone)]
-pub struct StoreAddr {
-    /// `HOST:PORT`.
-    pub addr: String,
-    /// HTTPS, trusting only the given CA; `None`: plain HTTP.
-    pub tls: Option<tokio_rustls::TlsConnector>,
-}
-
-impl StoreAddr {
-    /// A store over plain HTTP.
-    pub fn plain(addr: impl Into<String>) -> Self {
-        StoreAddr {
-            addr: addr.into(),
-            tls: None,
-        }
-    }
-
-    /// A store over HTTPS whose certificate the CA in `ca` (PEM) signed.
-    pub fn tls(addr: impl Into<String>, ca: &std::path::Path) -> Result<Self> {
-        use rustls_pki_types::CertificateDer;
-        use rustls_pki_types::pem::PemObject;
-        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-        for cert in
-            CertificateDer::pem_file_iter(ca).with_context(|| format!("{}", ca.display()))?
-        {
-            roots.add(cert.with_context(|| format!("{}", ca.display()))?)?;
-        }
-        let config = tokio_rustls::rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Ok(StoreAddr {
-            addr: addr.into(),
-            tls: Some(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
-                config,
-            ))),
-        })
-    }
-}
-
-/// One request to the store.
-pub async fn request(
-    method: &str,
-    store: &StoreAddr,
-    key: &str,
-    token: Option<u64>,
-    body: &str,
-) -> Result<Reply> {
-    let addr = &store.addr;
-    let scheme = if store.tls.is_some() { "https" } else { "http" };
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("{scheme}://{addr}/v1/objects/{key}"))
-        .header(hyper::header::HOST, addr.as_str());
-    if let Some(t) = token {
-        req = req.header(palisade_fence::http::FENCING_TOKEN_HEADER, t.to_string());
-    }
-    let req = req.body(Full::new(Bytes::from(body.to_owned())))?;
-    let resp = tokio::time::timeout(Duration::from_secs(30), async {
-        match &store.tls {
-            None => {
-                let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-                Ok(client.request(req).await?)
-            }
-            Some(connector) => {
-                let tcp = tokio::net::TcpStream::connect(addr).await?;
-                tcp.set_nodelay(true)?;
-                let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-                let name = rustls_pki_types::ServerName::try_from(
-                    host.trim_matches(['[', ']']).to_owned(),
-                )?;
-                let tls = connector.connect(name, tcp).await?;
-                let (mut sender, conn) =
-                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-                        .await?;
-                tokio::spawn(conn);
-                anyhow::Ok(sender.send_request(req).await?)
-            }
-        }
-    })
-    .await
-    .context("the store did not answer")??;
-    let status = resp.status().as_u16();
-    let token = resp
-        .headers()
-        .get(palisade_fence::http::FENCING_TOKEN_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let bytes = resp.into_body().collect().await?.to_bytes();
-    Ok(Reply {
-        status,
-        token,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::certs_cmd::{CertsCommand, run};
+    use palisade_fence::Fencing;
+    use palisade_fence::client::{StoreAddr, request};
 
     /// The store over HTTPS: fenced writes work as over HTTP, a client that
     /// trusts another CA or speaks plaintext gets nothing, and neither harms the

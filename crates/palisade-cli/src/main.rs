@@ -1,15 +1,12 @@
 //! `palisade`: the command-line entry point.
 //!
-//! Subcommands map onto the crates: `redis …` drives `palisade-redis`, `bench …`
-//! measures. Exit statuses are in [`exit`] and the README.
+//! Subcommands map onto the crates: `serve` runs `palisade-server`, `lock` takes a
+//! lock through `palisade-harness`'s backend registry, `redis …` drives
+//! `palisade-redis`, `chaos`, `bench` and `demo` are `palisade-harness`'s.
+//! Exit statuses are in [`exit`] and the README.
 
-mod backends;
-mod bench;
 mod certs_cmd;
-mod chaos;
 mod child;
-mod demo;
-mod exit;
 mod fence_cmd;
 mod redis_cmd;
 mod server_cmd;
@@ -17,11 +14,8 @@ mod server_cmd;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-
-/// Parses the CLI's durations: `10s`, `0.2s`, `150ms`, `2m`.
-pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    palisade_core::duration::parse_duration(s).map_err(|e| e.to_string())
-}
+pub use palisade_harness::{backends, duration_arg, exit};
+use palisade_harness::{bench, chaos, demo};
 
 #[derive(Parser)]
 #[command(

@@ -53,48 +53,14 @@ impl Endpoints {
     /// The TLS options and bearer token these flags describe.
     ///
     /// # Errors
-    /// See [`credentials`].
+    /// See [`palisade_client::credentials_from_files`].
     pub fn credentials(&self) -> Result<(Option<TlsOptions>, Option<String>), ClientError> {
-        credentials(
+        palisade_client::credentials_from_files(
             self.ca.as_deref(),
             self.cert.as_deref().zip(self.key.as_deref()),
             self.token_file.as_deref(),
         )
     }
-}
-
-/// TLS options and bearer token from the client flags (`--ca`, `--cert/--key`,
-/// `--token-file`).
-///
-/// # Errors
-/// When a file cannot be read, or a certificate or token is given without the
-/// CA (credentials never travel in plaintext).
-pub fn credentials(
-    ca: Option<&std::path::Path>,
-    cert_and_key: Option<(&std::path::Path, &std::path::Path)>,
-    token_file: Option<&std::path::Path>,
-) -> Result<(Option<TlsOptions>, Option<String>), ClientError> {
-    let tls = match ca {
-        Some(ca) => Some(TlsOptions::from_files(ca, cert_and_key)?),
-        None if cert_and_key.is_some() || token_file.is_some() => {
-            return Err(ClientError::InvalidInput(
-                "--cert and --token-file need --ca (credentials never travel in plaintext)".into(),
-            ));
-        }
-        None => None,
-    };
-    let token = match token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| {
-                    ClientError::InvalidInput(format!("token file {}: {e}", path.display()))
-                })?
-                .trim()
-                .to_owned(),
-        ),
-        None => None,
-    };
-    Ok((tls, token))
 }
 
 /// `palisade serve`.

@@ -47,6 +47,40 @@ pub use types::{ClusterStatus, Holder, LockView, Member, SessionId};
 use connector::Connector;
 use session::Session;
 
+/// TLS options and bearer token from the client flags (`--ca`, `--cert/--key`,
+/// `--token-file`).
+///
+/// # Errors
+/// When a file cannot be read, or a certificate or token is given without the
+/// CA (credentials never travel in plaintext).
+pub fn credentials_from_files(
+    ca: Option<&std::path::Path>,
+    cert_and_key: Option<(&std::path::Path, &std::path::Path)>,
+    token_file: Option<&std::path::Path>,
+) -> Result<(Option<TlsOptions>, Option<String>), ClientError> {
+    let tls = match ca {
+        Some(ca) => Some(TlsOptions::from_files(ca, cert_and_key)?),
+        None if cert_and_key.is_some() || token_file.is_some() => {
+            return Err(ClientError::InvalidInput(
+                "--cert and --token-file need --ca (credentials never travel in plaintext)".into(),
+            ));
+        }
+        None => None,
+    };
+    let token = match token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| {
+                    ClientError::InvalidInput(format!("token file {}: {e}", path.display()))
+                })?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    Ok((tls, token))
+}
+
 /// How to reach the cluster and what session to open.
 #[derive(Clone)]
 pub struct ClientConfig {

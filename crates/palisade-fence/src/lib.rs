@@ -51,6 +51,7 @@
 //! [`Fencing::Off`] turns the check off (every write accepted, each still recording
 //! its token): the unfenced twin, to show the lost update fencing prevents.
 
+pub mod client;
 pub mod durable;
 pub mod fence;
 pub mod http;

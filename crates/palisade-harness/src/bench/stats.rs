@@ -22,6 +22,11 @@ impl Samples {
         self.0.len()
     }
 
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Sorts the samples; percentiles need it.
     pub fn sorted(mut self) -> Sorted {
         self.0.sort_unstable();

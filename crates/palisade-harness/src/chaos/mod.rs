@@ -26,7 +26,7 @@ use palisade_chaos::{History, Summary, check, timeline_svg};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::fence_cmd::FencingArg;
+use crate::FencingArg;
 use env::{Env, Trial};
 use scenarios::{Knobs, SCENARIOS, Scenario};
 use worker::Backend;

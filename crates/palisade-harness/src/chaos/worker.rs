@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 
 use crate::backends::{self, BackendUrl, SessionSpec};
-use crate::fence_cmd::{StoreAddr, request};
+use palisade_fence::client::{StoreAddr, request};
 
 /// The lock services a drill can test: which servers the drill starts. A
 /// worker reaches a correctness lock only through the backend registry

@@ -19,7 +19,8 @@ use palisade_testkit::{PalisadeNode, free_port};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::fence_cmd::{FencingArg, StoreAddr, request};
+use crate::FencingArg;
+use palisade_fence::client::{StoreAddr, request};
 
 /// The demos.
 #[derive(Subcommand)]

@@ -131,7 +131,7 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
             )?),
             None,
         ),
-        None => crate::server_cmd::credentials(
+        None => palisade_client::credentials_from_files(
             a.ca.as_deref(),
             a.cert.as_deref().zip(a.key.as_deref()),
             a.token_file.as_deref(),
