@@ -363,6 +363,15 @@ fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
     }
     let third = token();
     assert!(third > second, "{first} {second} {third}");
+    // And the leader alone, killed with kill -9 and restarted.
+    let leader = some_within_60s("an etcd leader", || etcd.leader());
+    etcd.kill(leader);
+    etcd.start_member(leader).unwrap();
+    let fourth = token();
+    assert!(
+        fourth > third,
+        "{third} {fourth} after the leader's kill -9"
+    );
 }
 
 #[test]
@@ -397,6 +406,27 @@ fn lock_on_zookeeper_passes_increasing_tokens_also_across_a_kill9() {
     }
     let third = token();
     assert!(third > second, "{first} {second} {third}");
+    // And the leader alone, killed with kill -9 and restarted.
+    let leader = some_within_60s("a ZooKeeper leader", || zk.leader());
+    zk.kill(leader);
+    zk.start_server(leader).unwrap();
+    let fourth = token();
+    assert!(
+        fourth > third,
+        "{third} {fourth} after the leader's kill -9"
+    );
+}
+
+/// Polls `probe` until it gives a value (a bound on a wait, not a timing claim).
+fn some_within_60s<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Runs `palisade lock demo --backend <via proxy>` holding a command, cuts the

@@ -15,12 +15,12 @@ use clap::{Args, Subcommand};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use palisade_client::{AcquireOptions, Admin, Client, ClientConfig};
+use palisade_fence::client::{StoreAddr, request};
 use palisade_testkit::{PalisadeNode, free_port};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use crate::FencingArg;
-use palisade_fence::client::{StoreAddr, request};
 
 /// The demos.
 #[derive(Subcommand)]

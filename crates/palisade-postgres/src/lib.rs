@@ -3,7 +3,8 @@
 //!
 //! # Design
 //! One row per held lock in `palisade_locks` ([`SCHEMA`]): the holder (128
-//! random bits per grant), the fencing token, and `expires_at`.
+//! random bits per session, then 128 per grant), the fencing token, and
+//! `expires_at`.
 //!
 //! - **Grant**: one statement, one transaction — insert the row, or take over a
 //!   row whose `expires_at` has passed, with `token = nextval(...)` of the
@@ -30,6 +31,8 @@
 //! - **Waiting** polls with a bounded, jittered backoff (10 ms doubling to
 //!   250 ms) until the lock is granted or the wait runs out; a waiter leaves
 //!   nothing in the database.
+//! - **Closing** the session ([`FencedLocks::close`]) first ends every live
+//!   lease's guarantee, then deletes every row the session holds.
 //! - No lock-delay: a non-zero [`LockOptions::lock_delay`] is refused.
 //! - The connection is plaintext (`NoTls`); use a Unix socket or a trusted
 //!   network, or a later version with TLS.
@@ -70,6 +73,9 @@ const KEEP_ALIVE: &str = "
 UPDATE palisade_locks
     SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
     WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > clock_timestamp()";
+
+/// Ends every hold of one session (`$1`: `SESSION-%`).
+const CLOSE: &str = "DELETE FROM palisade_locks WHERE holder LIKE $1";
 
 /// Ends a hold (only this grant's).
 const RELEASE: &str = "DELETE FROM palisade_locks WHERE name = $1 AND holder = $2 AND token = $3";
@@ -117,6 +123,19 @@ fn pg_error(e: tokio_postgres::Error) -> LockError {
 struct Inner {
     client: Client,
     ttl: Duration,
+    /// This session's prefix of every holder it writes (`SESSION-LEASE`), so
+    /// that closing it can end all its holds in one statement.
+    session: String,
+    /// The live leases' guarantees and keep-alives, by holder: closing the
+    /// session ends them before it deletes the rows.
+    live:
+        std::sync::Mutex<std::collections::HashMap<String, (Guarantee, tokio::task::AbortHandle)>>,
+}
+
+impl Inner {
+    fn forget(&self, holder: &str) {
+        self.live.lock().expect("poisoned").remove(holder);
+    }
 }
 
 /// Correctness locks on one PostgreSQL connection. Leases share the connection;
@@ -164,7 +183,12 @@ impl PgLocks {
             }
         }
         Ok(PgLocks {
-            inner: Arc::new(Inner { client, ttl }),
+            inner: Arc::new(Inner {
+                client,
+                ttl,
+                session: format!("{:032x}", rand::random::<u128>()),
+                live: std::sync::Mutex::default(),
+            }),
         })
     }
 
@@ -202,7 +226,7 @@ impl PgLocks {
                 "the postgres backend has no lock-delay".into(),
             ));
         }
-        let holder = format!("{:032x}", rand::random::<u128>());
+        let holder = format!("{}-{:032x}", self.inner.session, rand::random::<u128>());
         let give_up = Instant::now() + options.wait;
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -249,8 +273,24 @@ impl FencedLocks for PgLocks {
     }
 
     fn close(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
-        // Leases keep the connection while they live; it closes with the last.
-        Box::pin(async { Ok(()) })
+        Box::pin(async move {
+            // First every lease stops claiming its hold, then the rows go: never
+            // the other way round, or a lease could look held after another
+            // client was granted its lock.
+            let live = std::mem::take(&mut *self.inner.live.lock().expect("poisoned"));
+            for (guarantee, keep_alive) in live.values() {
+                keep_alive.abort();
+                guarantee.end();
+            }
+            // Hex digits and '-' are not LIKE wildcards.
+            let pattern = format!("{}-%", self.inner.session);
+            self.inner
+                .client
+                .execute(CLOSE, &[&pattern])
+                .await
+                .map(|_| ())
+                .map_err(pg_error)
+        })
     }
 }
 
@@ -282,6 +322,11 @@ impl PgLease {
             token,
             guarantee.clone(),
         ));
+        inner
+            .live
+            .lock()
+            .expect("poisoned")
+            .insert(holder.clone(), (guarantee.clone(), task.abort_handle()));
         PgLease {
             inner,
             name: name.to_owned(),
@@ -302,6 +347,7 @@ impl PgLease {
         self.released = true;
         self.keep_alive.abort();
         self.guarantee.end();
+        self.inner.forget(&self.holder);
         release(&self.inner, &self.name, &self.holder, self.token).await
     }
 }
@@ -409,6 +455,7 @@ impl FencedLease for PgLease {
 impl Drop for PgLease {
     fn drop(&mut self) {
         self.keep_alive.abort();
+        self.inner.forget(&self.holder);
         if self.released {
             return;
         }

@@ -60,6 +60,10 @@ struct Session {
     guarantee: Guarantee,
     /// Set right after the session is built (the task needs the session).
     heartbeat: std::sync::OnceLock<tokio::task::AbortHandle>,
+    /// The nodes of the holds granted and not yet released: closing the
+    /// session deletes them (a lease still alive keeps the ZooKeeper session
+    /// itself open, so its ephemeral nodes would otherwise stay).
+    held: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Drop for Session {
@@ -117,6 +121,7 @@ impl ZkLocks {
             ttl,
             guarantee: Guarantee::new(sent, ttl),
             heartbeat: std::sync::OnceLock::new(),
+            held: std::sync::Mutex::default(),
         });
         let task = tokio::spawn(heartbeat(Arc::downgrade(&session)));
         let _ = session.heartbeat.set(task.abort_handle());
@@ -194,13 +199,16 @@ impl ZkLocks {
             .wait_for_turn(&parent, &me, options.wait, give_up)
             .await
         {
-            Ok(()) => Ok(ZkLease {
-                session: self.session.clone(),
-                name: name.to_owned(),
-                path,
-                token,
-                released: false,
-            }),
+            Ok(()) => {
+                s.held.lock().expect("poisoned").insert(path.clone());
+                Ok(ZkLease {
+                    session: self.session.clone(),
+                    name: name.to_owned(),
+                    path,
+                    token,
+                    released: false,
+                })
+            }
             Err(e) => {
                 let _ = s.client.delete(&path, None).await;
                 Err(e)
@@ -316,9 +324,25 @@ impl FencedLocks for ZkLocks {
     }
 
     fn close(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
-        // The session (and every ephemeral node of it) ends when the last
-        // holder of it is dropped.
-        Box::pin(async { Ok(()) })
+        Box::pin(async move {
+            // First every lease stops claiming its hold, then the nodes go. The
+            // ZooKeeper session itself ends when its last holder (this, or a
+            // lease still alive) is dropped.
+            let s = &self.session;
+            s.guarantee.end();
+            if let Some(task) = s.heartbeat.get() {
+                task.abort();
+            }
+            let held = std::mem::take(&mut *s.held.lock().expect("poisoned"));
+            let mut result = Ok(());
+            for path in held {
+                match s.client.delete(&path, None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(e) => result = Err(zk_error(e)),
+                }
+            }
+            result
+        })
     }
 }
 
@@ -339,6 +363,11 @@ impl ZkLease {
     /// expired); [`LockError::Unavailable`].
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
+        self.session
+            .held
+            .lock()
+            .expect("poisoned")
+            .remove(&self.path);
         match self.session.client.delete(&self.path, None).await {
             Ok(()) => Ok(()),
             Err(zk::Error::NoNode) => Err(LockError::NotHolder(format!(
@@ -385,6 +414,11 @@ impl Drop for ZkLease {
         if self.released {
             return;
         }
+        self.session
+            .held
+            .lock()
+            .expect("poisoned")
+            .remove(&self.path);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (session, path) = (self.session.clone(), std::mem::take(&mut self.path));
             rt.spawn(async move {

@@ -21,13 +21,13 @@ use palisade_chaos::EventKind;
 use palisade_client::TlsOptions;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, LeaseState, LockError, LockOptions};
+use palisade_fence::client::{StoreAddr, request};
 use palisade_fence::journal::monotonic_us;
 use palisade_redis::{RedisGuard, Redlock, RedlockConfig};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 
 use crate::backends::{self, BackendUrl, SessionSpec};
-use palisade_fence::client::{StoreAddr, request};
 
 /// The lock services a drill can test: which servers the drill starts. A
 /// worker reaches a correctness lock only through the backend registry
