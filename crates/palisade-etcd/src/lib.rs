@@ -314,6 +314,13 @@ impl EtcdLocks {
             .wait_for_predecessors(&prefix, &key, my_rev, options.wait, give_up)
             .await;
         match outcome {
+            // The grant arrived after the session's guarantee ran out (this
+            // process paused, or the reply was held): it may be superseded
+            // already, so it is given back, never handed out.
+            Ok(()) if s.guarantee.remaining().is_zero() => {
+                let _ = delete(s, &key).await;
+                Err(LockError::GrantTooLate)
+            }
             Ok(()) => Ok(EtcdLease {
                 session: self.session.clone(),
                 name: name.to_owned(),

@@ -232,13 +232,15 @@ impl PgLocks {
         loop {
             let sent = Instant::now();
             if let Some(token) = self.try_grant(name, &holder).await? {
-                return Ok(PgLease::start(
-                    self.inner.clone(),
-                    name,
-                    holder,
-                    token,
-                    sent,
-                ));
+                let lease = PgLease::start(self.inner.clone(), name, holder, token, sent);
+                if lease.remaining().is_zero() {
+                    // The grant's answer arrived after its guarantee ran out
+                    // (this process paused, or the reply was held): it may be
+                    // superseded already, so it is given back, never handed out.
+                    let _ = lease.release().await;
+                    return Err(LockError::GrantTooLate);
+                }
+                return Ok(lease);
             }
             let now = Instant::now();
             if now >= give_up {

@@ -247,3 +247,23 @@ async fn the_fence_adapter_takes_these_tokens_and_refuses_a_superseded_one() {
         "{stale:?}"
     );
 }
+
+/// A grant whose answer arrives after its guarantee ran out (here: every packet
+/// held 300 ms, the TTL 100 ms) is given back and refused, never handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_its_guarantee_is_given_back() {
+    let pg = PostgresServer::start().unwrap();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", pg.port()).parse().unwrap())
+        .await
+        .unwrap();
+    let via_proxy = format!("postgres://postgres@{}/postgres", proxy.addr());
+    let slow = PgLocks::connect(&via_proxy, Duration::from_millis(100))
+        .await
+        .unwrap();
+    proxy.link().set_delay(Duration::from_millis(300));
+    let e = slow.acquire("late", &now_or_never()).await.unwrap_err();
+    assert_eq!(e, LockError::GrantTooLate);
+    // Nothing was left behind: the lock is free for the next client at once.
+    let other = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    other.acquire("late", &now_or_never()).await.unwrap();
+}

@@ -199,6 +199,13 @@ impl ZkLocks {
             .wait_for_turn(&parent, &me, options.wait, give_up)
             .await
         {
+            // The grant arrived after the session's guarantee ran out (this
+            // process paused, or the reply was held): it may be superseded
+            // already, so it is given back, never handed out.
+            Ok(()) if s.guarantee.remaining().is_zero() => {
+                let _ = s.client.delete(&path, None).await;
+                Err(LockError::GrantTooLate)
+            }
             Ok(()) => {
                 s.held.lock().expect("poisoned").insert(path.clone());
                 Ok(ZkLease {

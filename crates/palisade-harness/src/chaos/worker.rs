@@ -424,6 +424,15 @@ async fn acquire(
                 ..LockOptions::default()
             };
             match s.acquire(lock, &options).await {
+                // The backends refuse a grant that arrives after its guarantee
+                // (`GrantTooLate`); this catches one whose guarantee ran out
+                // between that check and here, so the history never shows a
+                // hold its client could know it did not have.
+                Ok(lease) if lease.remaining().is_zero() => {
+                    event(EventKind::AcquireFail { lock: lock.into() });
+                    let _ = lease.release().await;
+                    Err("granted after the guarantee ran out".into())
+                }
                 Ok(lease) => {
                     let token = lease.token().get();
                     event(EventKind::AcquireOk {
