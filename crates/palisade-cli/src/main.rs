@@ -59,7 +59,8 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Fault drills on real processes: pauses, partitions, delays, crashes and
-    /// clock jumps against Redis, Redlock and Palisade, with and without fencing.
+    /// clock jumps against Redis, Redlock, Palisade, ZooKeeper, etcd and
+    /// PostgreSQL, with and without fencing.
     Chaos(chaos::ChaosArgs),
     /// One client process of `palisade chaos`.
     #[command(hide = true)]

@@ -318,6 +318,7 @@ fn lock_on_postgres_passes_increasing_tokens_also_across_a_kill9() {
     pg.restart().unwrap();
     let third = token();
     assert!(third > second, "{first} {second} {third}");
+    eprintln!("postgres tokens: {first} {second}, after the postmaster's kill -9 {third}");
     // Credentials meant for palisade:// are refused for postgres:// (exit 2).
     // (Any readable file will do as the CA: it is refused before it is used.)
     let ca = tempfile::NamedTempFile::new().unwrap();
@@ -372,6 +373,9 @@ fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
         fourth > third,
         "{third} {fourth} after the leader's kill -9"
     );
+    eprintln!(
+        "etcd tokens: {first} {second}, after every member's kill -9 {third}, after the leader's {fourth}"
+    );
 }
 
 #[test]
@@ -414,6 +418,9 @@ fn lock_on_zookeeper_passes_increasing_tokens_also_across_a_kill9() {
     assert!(
         fourth > third,
         "{third} {fourth} after the leader's kill -9"
+    );
+    eprintln!(
+        "zookeeper tokens: {first} {second}, after every server's kill -9 {third}, after the leader's {fourth}"
     );
 }
 
