@@ -384,15 +384,17 @@ async fn bad_input_is_refused_with_typed_errors() {
         .await
         .unwrap_err();
     assert_eq!(ErrorCode::of(&err), Some(ErrorCode::UnknownSession));
-    let err = raw
-        .create_session(CreateSessionRequest {
-            ttl_ms: 0,
-            label: String::new(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(ErrorCode::of(&err), Some(ErrorCode::InvalidInput));
     let (mut raw, session, key) = abandoned_session(&node.addr(), 60_000).await;
+    // Bad input changes nothing, not even the log: the commit index stays.
+    let admin = Admin::new(&config(&[&node])).unwrap();
+    let before = admin.status().await.unwrap().commit_index;
+    for (ttl_ms, label) in [(0, String::new()), (60_000, "l".repeat(10_000))] {
+        let err = raw
+            .create_session(CreateSessionRequest { ttl_ms, label })
+            .await
+            .unwrap_err();
+        assert_eq!(ErrorCode::of(&err), Some(ErrorCode::InvalidInput));
+    }
     let err = raw
         .acquire(AcquireRequest {
             session_id: session,
@@ -404,6 +406,7 @@ async fn bad_input_is_refused_with_typed_errors() {
         .await
         .unwrap_err();
     assert_eq!(ErrorCode::of(&err), Some(ErrorCode::InvalidInput));
+    assert_eq!(admin.status().await.unwrap().commit_index, before);
 
     let t = raw
         .acquire(AcquireRequest {

@@ -288,16 +288,18 @@ impl Locks for Api {
         caller.may_hold_sessions()?;
         let r = req.into_inner();
         let key = new_session_key();
-        let applied = self
-            .propose(Command::CreateSession {
-                ttl_ms: r.ttl_ms,
-                label: r.label,
-                owner: SessionOwner {
-                    identity: caller.identity.clone(),
-                    key_sha256: session_key_digest(&key),
-                },
-            })
-            .await?;
+        let command = Command::CreateSession {
+            ttl_ms: r.ttl_ms,
+            label: r.label,
+            owner: SessionOwner {
+                identity: caller.identity.clone(),
+                key_sha256: session_key_digest(&key),
+            },
+        };
+        // Bad input is refused before it reaches the log: it changes nothing,
+        // not even the commit index.
+        command.check_input().map_err(|e| machine_status(&e))?;
+        let applied = self.propose(command).await?;
         match applied.outcome {
             Ok(Reply::SessionCreated { session }) => {
                 // Starts the countdown now rather than at the next sync.
@@ -367,7 +369,14 @@ impl Locks for Api {
                 "wait {wait:?} exceeds the limit of {MAX_WAIT:?}"
             )));
         }
-        palisade_core::limits::validate_name(&r.name).map_err(input)?;
+        let command = Command::Acquire {
+            session,
+            name: r.name.clone(),
+            wait: !wait.is_zero(),
+            lock_delay_ms: r.lock_delay_ms,
+        };
+        // Bad input is refused before it reaches the log.
+        command.check_input().map_err(|e| machine_status(&e))?;
         caller.may_lock(&r.name)?;
         self.check_owner(&caller, session, &r.session_key).await?;
         // Registered before proposing: a grant applied between the proposal and
@@ -378,15 +387,7 @@ impl Locks for Api {
             session,
             name: r.name.clone(),
         };
-        let applied = match self
-            .propose(Command::Acquire {
-                session,
-                name: r.name.clone(),
-                wait: !wait.is_zero(),
-                lock_delay_ms: r.lock_delay_ms,
-            })
-            .await
-        {
+        let applied = match self.propose(command).await {
             Ok(a) => a,
             Err(status) => {
                 guard.disarm();

@@ -2,17 +2,17 @@
 //! command *before* it mutates anything, so a refusal leaves no trace.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::time::Duration;
 
 use super::MAX_WAITERS_PER_LOCK;
 use super::command::{
     Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId, SessionOwner,
+    check_acquire_input, check_session_input,
 };
 use super::error::MachineError;
 use super::state::{Holder, LockMachine, LockState, SessionState, Waiter};
-use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
+use super::{MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
 use crate::FencingToken;
-use crate::limits::{validate_name, validate_ttl};
+use crate::limits::validate_name;
 
 /// The token for a grant made by the entry at `index`.
 fn token_at(index: u64) -> FencingToken {
@@ -134,13 +134,7 @@ impl LockMachine {
         label: String,
         owner: SessionOwner,
     ) -> Outcome {
-        validate_ttl(Duration::from_millis(ttl_ms))?;
-        if label.len() > MAX_LABEL_LEN {
-            return Err(MachineError::LabelTooLong {
-                len: label.len(),
-                limit: MAX_LABEL_LEN,
-            });
-        }
+        check_session_input(ttl_ms, &label)?;
         if self.sessions.len() >= MAX_SESSIONS {
             return Err(MachineError::TooManySessions {
                 limit: MAX_SESSIONS,
@@ -246,13 +240,7 @@ impl LockMachine {
         lock_delay_ms: u64,
         grants: &mut Vec<Grant>,
     ) -> Outcome {
-        validate_name(&name)?;
-        if lock_delay_ms > MAX_LOCK_DELAY_MS {
-            return Err(MachineError::LockDelayTooLong {
-                lock_delay_ms,
-                limit: MAX_LOCK_DELAY_MS,
-            });
-        }
+        check_acquire_input(&name, lock_delay_ms)?;
         let s = self
             .sessions
             .get(&session)

@@ -135,6 +135,27 @@ pub enum ConflictKey {
 }
 
 impl Command {
+    /// The checks that need no state: TTL, label, name and lock-delay bounds.
+    /// The machine applies them (so every replica refuses alike), and the leader
+    /// runs them before proposing, so bad input never reaches the log.
+    ///
+    /// # Errors
+    /// The refusal the machine would give.
+    pub fn check_input(&self) -> Result<(), MachineError> {
+        match self {
+            Command::CreateSession { ttl_ms, label, .. } => check_session_input(*ttl_ms, label),
+            Command::Acquire {
+                name,
+                lock_delay_ms,
+                ..
+            } => check_acquire_input(name, *lock_delay_ms),
+            Command::Release { name, .. }
+            | Command::CancelWait { name, .. }
+            | Command::EndLockDelay { name, .. } => Ok(crate::limits::validate_name(name)?),
+            Command::CloseSession { .. } | Command::ExpireSession { .. } => Ok(()),
+        }
+    }
+
     /// See [`ConflictKey`].
     pub fn conflict_key(&self) -> ConflictKey {
         match self {
@@ -146,6 +167,30 @@ impl Command {
             | Command::EndLockDelay { .. } => ConflictKey::Shared,
         }
     }
+}
+
+/// The stateless checks of a [`Command::CreateSession`].
+pub(crate) fn check_session_input(ttl_ms: u64, label: &str) -> Result<(), MachineError> {
+    crate::limits::validate_ttl(std::time::Duration::from_millis(ttl_ms))?;
+    if label.len() > super::MAX_LABEL_LEN {
+        return Err(MachineError::LabelTooLong {
+            len: label.len(),
+            limit: super::MAX_LABEL_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// The stateless checks of a [`Command::Acquire`].
+pub(crate) fn check_acquire_input(name: &str, lock_delay_ms: u64) -> Result<(), MachineError> {
+    crate::limits::validate_name(name)?;
+    if lock_delay_ms > super::MAX_LOCK_DELAY_MS {
+        return Err(MachineError::LockDelayTooLong {
+            lock_delay_ms,
+            limit: super::MAX_LOCK_DELAY_MS,
+        });
+    }
+    Ok(())
 }
 
 /// A lock handed to a session by one entry: what the server pushes to the client
