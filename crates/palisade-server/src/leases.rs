@@ -13,7 +13,7 @@
 //! that the leader's clock does not run much faster than the client's; the
 //! client's safety margin covers that.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use openraft::ServerState;
 use palisade_core::machine::{Command, SessionId};
 
 use crate::proposer::Proposer;
-use crate::store::sm::Shared;
+use crate::store::sm::{LeaseEvent, Shared};
 use crate::typ::Raft;
 
 /// How often deadlines are checked. Expiry may lag a deadline by this much, which
@@ -35,13 +35,60 @@ struct Countdown {
     expiring: bool,
 }
 
+/// The leader's countdowns. Every operation costs O(log n) in the number of
+/// sessions: keep-alives move one deadline, expiry pops the due ones from an
+/// ordered index, and applied entries arrive as events (a full rescan of the
+/// machine happens only when leadership changes, a snapshot is installed, and
+/// every ten seconds as a safety net).
 #[derive(Default)]
 struct Tracked {
     /// The term these deadlines belong to; `None` when not leader.
     term: Option<u64>,
     sessions: HashMap<SessionId, Countdown>,
+    /// The deadlines of the sessions not already expiring, in order.
+    due: BTreeSet<(Instant, SessionId)>,
     /// Locks in lock-delay: the index the delay began at, and when it ends.
     delays: HashMap<String, (u64, Instant)>,
+}
+
+impl Tracked {
+    /// Starts tracking `session` (if it is not already) at a full TTL from `now`.
+    fn track(&mut self, session: SessionId, ttl: Duration, now: Instant) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.sessions.entry(session) {
+            let deadline = now + ttl;
+            e.insert(Countdown {
+                deadline,
+                ttl,
+                expiring: false,
+            });
+            self.due.insert((deadline, session));
+        }
+    }
+
+    fn untrack(&mut self, session: SessionId) {
+        if let Some(c) = self.sessions.remove(&session) {
+            self.due.remove(&(c.deadline, session));
+        }
+    }
+
+    /// Restarts `session`'s countdown; `None` if untracked, `Some(Err)` if it
+    /// is being expired.
+    fn renew(&mut self, session: SessionId, now: Instant) -> Option<Result<Duration, ()>> {
+        let c = self.sessions.get_mut(&session)?;
+        if c.expiring {
+            return Some(Err(()));
+        }
+        self.due.remove(&(c.deadline, session));
+        c.deadline = now + c.ttl;
+        self.due.insert((c.deadline, session));
+        Some(Ok(c.ttl))
+    }
+
+    fn clear(&mut self) {
+        self.sessions.clear();
+        self.due.clear();
+        self.delays.clear();
+    }
 }
 
 /// See the module docs.
@@ -81,12 +128,11 @@ impl LeaseKeeper {
         if t.term.is_none() {
             return Err(KeepAliveError::NotLeader);
         }
-        if let Some(c) = t.sessions.get_mut(&session) {
-            if c.expiring {
-                return Err(KeepAliveError::UnknownSession);
-            }
-            c.deadline = Instant::now() + c.ttl;
-            return Ok(c.ttl);
+        let now = Instant::now();
+        match t.renew(session, now) {
+            Some(Ok(ttl)) => return Ok(ttl),
+            Some(Err(())) => return Err(KeepAliveError::UnknownSession),
+            None => {}
         }
         // A new leader may not have applied every committed entry yet: a session
         // created just before the election can be committed but not yet in its
@@ -96,7 +142,7 @@ impl LeaseKeeper {
         if !self.applied_own_term() {
             return Err(KeepAliveError::NotLeader);
         }
-        // Created since the last sync: look it up.
+        // Created since the keeper last looked: look it up.
         let ttl = self
             .shared
             .machine
@@ -105,14 +151,7 @@ impl LeaseKeeper {
             .session(session)
             .map(|s| Duration::from_millis(s.ttl_ms))
             .ok_or(KeepAliveError::UnknownSession)?;
-        t.sessions.insert(
-            session,
-            Countdown {
-                deadline: Instant::now() + ttl,
-                ttl,
-                expiring: false,
-            },
-        );
+        t.track(session, ttl, now);
         Ok(ttl)
     }
 
@@ -131,10 +170,11 @@ impl LeaseKeeper {
         // and waking for each would cost a scan per commit. A leadership change is
         // seen within a tick; until then keep-alives fail their leadership check.
         let metrics = self.raft.metrics();
-        // Syncing with the machine scans every session and lock, so it runs when
-        // something changed (a session or lock-delay entry was applied, or the
-        // leadership moved), and once a second as a safety net; the cheap
-        // deadline check runs every tick and on every wake-up.
+        // Applied entries arrive as events, followed on every wake-up; a full
+        // rescan of the machine runs when leadership moves, when a snapshot was
+        // installed, and every ten seconds as a safety net (it also re-adds a
+        // lock-delay whose end could not be proposed). The deadline check runs
+        // every tick and on every wake-up.
         let mut dirty = true;
         let mut ticks_since_sync = 0u32;
         let mut last_term = None;
@@ -152,60 +192,93 @@ impl LeaseKeeper {
                 dirty = true;
                 last_term = leader_term;
             }
-            if dirty || ticks_since_sync >= 40 {
+            if dirty || ticks_since_sync >= 400 {
                 self.sync(leader_term);
                 dirty = false;
                 ticks_since_sync = 0;
+            } else {
+                self.follow(leader_term);
             }
             if leader_term.is_some() {
                 self.expire_due();
             }
             tokio::select! {
                 () = tokio::time::sleep(TICK) => ticks_since_sync += 1,
-                () = &mut changed => dirty = true,
+                () = &mut changed => {}
             }
         }
     }
 
-    /// Aligns the tracked countdowns with the machine and with leadership.
+    /// Aligns the tracked countdowns with the machine and with leadership: a
+    /// full rescan, O(n log n).
     fn sync(&self, leader_term: Option<u64>) {
         let mut t = self.tracked.lock().expect("poisoned");
+        let machine = self.shared.machine.read().expect("poisoned");
+        // Taken under the machine's read lock: the machine reflects exactly
+        // these events, so the rescan below covers them all.
+        drop(self.shared.take_lease_events());
         if leader_term != t.term {
             // Lost or gained leadership: forget every deadline. A new leader
             // starts every countdown afresh, at full length, below.
-            t.sessions.clear();
-            t.delays.clear();
+            t.clear();
             t.term = leader_term;
         }
         if t.term.is_none() {
             return;
         }
         let now = Instant::now();
-        let machine = self.shared.machine.read().expect("poisoned");
-        let sessions = machine.sessions();
-        t.sessions
-            .retain(|id, _| sessions.iter().any(|s| s.id == *id));
-        for s in &sessions {
-            t.sessions.entry(s.id).or_insert_with(|| {
-                let ttl = Duration::from_millis(s.ttl_ms);
-                Countdown {
-                    deadline: now + ttl,
-                    ttl,
-                    expiring: false,
-                }
-            });
+        let gone: Vec<SessionId> = t
+            .sessions
+            .keys()
+            .filter(|id| !machine.has_session(**id))
+            .copied()
+            .collect();
+        for id in gone {
+            t.untrack(id);
         }
-        let delayed: Vec<(String, u64, u64)> = machine
-            .list()
-            .into_iter()
-            .filter_map(|l| Some((l.name, l.lock_delay_since?, l.lock_delay_ms)))
+        for (id, ttl_ms) in machine.session_ttls() {
+            t.track(id, Duration::from_millis(ttl_ms), now);
+        }
+        let delayed: HashMap<&str, (u64, u64)> = machine
+            .delayed_locks()
+            .map(|(name, since, ms)| (name, (since, ms)))
             .collect();
         t.delays
-            .retain(|name, (since, _)| delayed.iter().any(|(n, s, _)| n == name && s == since));
-        for (name, since, ms) in delayed {
+            .retain(|name, (since, _)| delayed.get(name.as_str()).is_some_and(|(s, _)| s == since));
+        for (name, (since, ms)) in delayed {
             t.delays
-                .entry(name)
+                .entry(name.to_owned())
                 .or_insert_with(|| (since, now + Duration::from_millis(ms)));
+        }
+    }
+
+    /// Applies the events of the entries applied since the last look: O(k log n)
+    /// for k events.
+    fn follow(&self, leader_term: Option<u64>) {
+        let mut t = self.tracked.lock().expect("poisoned");
+        let events = self.shared.take_lease_events();
+        if leader_term != t.term || events.contains(&LeaseEvent::Reset) {
+            drop(t);
+            self.sync(leader_term);
+            return;
+        }
+        if t.term.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        for event in events {
+            match event {
+                LeaseEvent::SessionCreated { session, ttl } => t.track(session, ttl, now),
+                LeaseEvent::SessionEnded { session } => t.untrack(session),
+                LeaseEvent::DelayStarted {
+                    name,
+                    since,
+                    length,
+                } => {
+                    t.delays.insert(name, (since, now + length));
+                }
+                LeaseEvent::Reset => {}
+            }
         }
     }
 
@@ -214,11 +287,15 @@ impl LeaseKeeper {
         let mut proposals = Vec::new();
         {
             let mut t = self.tracked.lock().expect("poisoned");
-            for (id, c) in t.sessions.iter_mut() {
-                if !c.expiring && c.deadline <= now {
-                    c.expiring = true;
-                    proposals.push(Command::ExpireSession { session: *id });
+            while let Some(&(deadline, id)) = t.due.first() {
+                if deadline > now {
+                    break;
                 }
+                t.due.pop_first();
+                if let Some(c) = t.sessions.get_mut(&id) {
+                    c.expiring = true;
+                }
+                proposals.push(Command::ExpireSession { session: id });
             }
             let due: Vec<(String, u64)> = t
                 .delays
@@ -227,9 +304,9 @@ impl LeaseKeeper {
                 .map(|(n, (since, _))| (n.clone(), *since))
                 .collect();
             for (name, since) in due {
-                // Removed now; re-added at full length by the next sync if the
-                // proposal does not commit. Naming the delay's start makes a late
-                // duplicate harmless to any newer delay of the same lock.
+                // Removed now; re-added at full length by the next full rescan if
+                // the proposal does not commit. Naming the delay's start makes a
+                // late duplicate harmless to any newer delay of the same lock.
                 t.delays.remove(&name);
                 proposals.push(Command::EndLockDelay {
                     name,

@@ -109,6 +109,26 @@ impl LockMachine {
         self.sessions.get(&id).map(|s| &s.owner)
     }
 
+    /// Every live session's id and TTL in milliseconds, sorted by id, copying
+    /// nothing else (the lease keeper's full rescan).
+    pub fn session_ttls(&self) -> impl Iterator<Item = (SessionId, u64)> + '_ {
+        self.sessions.iter().map(|(id, s)| (*id, s.ttl_ms))
+    }
+
+    /// Whether session `id` is alive.
+    pub fn has_session(&self, id: SessionId) -> bool {
+        self.sessions.contains_key(&id)
+    }
+
+    /// Every lock in lock-delay: its name, the index of the entry that started
+    /// the delay, and its length in milliseconds.
+    pub fn delayed_locks(&self) -> impl Iterator<Item = (&str, u64, u64)> + '_ {
+        self.locks.iter().filter_map(|(name, l)| {
+            l.delay_since
+                .map(|since| (name.as_str(), since, l.lock_delay_ms))
+        })
+    }
+
     /// Every live session, sorted by id.
     pub fn sessions(&self) -> Vec<SessionView> {
         self.sessions

@@ -47,11 +47,52 @@ pub struct Shared {
     /// The cluster membership as of `last_applied`.
     pub membership: RwLock<StoredMembership<NodeId, Node>>,
     waiters: Mutex<HashMap<(SessionId, String), GrantSender>>,
+    /// What the lease keeper must start or stop tracking, in apply order;
+    /// pushed while the machine's write lock is held, drained by the keeper.
+    lease_events: Mutex<Vec<LeaseEvent>>,
     /// Wakes the lease keeper when sessions or lock-delays change.
     pub changed: tokio::sync::Notify,
 }
 
+/// A change the lease keeper follows, so it never rescans every session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// A session was created with this TTL.
+    SessionCreated {
+        /// The session.
+        session: SessionId,
+        /// Its TTL.
+        ttl: std::time::Duration,
+    },
+    /// A session was closed or expired.
+    SessionEnded {
+        /// The session.
+        session: SessionId,
+    },
+    /// A lock entered lock-delay at entry `since`, for `length`.
+    DelayStarted {
+        /// The lock.
+        name: String,
+        /// The entry that started it.
+        since: u64,
+        /// How long it lasts.
+        length: std::time::Duration,
+    },
+    /// The whole state was replaced (a snapshot was installed): rescan.
+    Reset,
+}
+
 impl Shared {
+    /// Takes the lease events pushed since the last call. Call it while holding
+    /// the machine's read lock to see exactly the events the machine reflects.
+    pub fn take_lease_events(&self) -> Vec<LeaseEvent> {
+        std::mem::take(&mut *self.lease_events.lock().expect("poisoned"))
+    }
+
+    fn push_lease_events(&self, events: impl IntoIterator<Item = LeaseEvent>) {
+        self.lease_events.lock().expect("poisoned").extend(events);
+    }
+
     /// Registers interest in a grant of `name` to `session`.
     pub fn watch_grant(&self, session: SessionId, name: &str) -> oneshot::Receiver<FencingToken> {
         let (tx, rx) = oneshot::channel();
@@ -133,6 +174,7 @@ impl StateMachineStore {
                 last_applied: RwLock::new(last_applied),
                 membership: RwLock::new(membership),
                 waiters: Mutex::new(HashMap::new()),
+                lease_events: Mutex::new(Vec::new()),
                 changed: tokio::sync::Notify::new(),
             }),
             db: Arc::new(db),
@@ -226,13 +268,46 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                                 | Command::EndLockDelay { .. }
                         )
                     });
+                    // The TTL is in the command, the id in the reply.
+                    let ttls: Vec<Option<u64>> = cmds
+                        .iter()
+                        .map(|cmd| match cmd {
+                            Command::CreateSession { ttl_ms, .. } => Some(*ttl_ms),
+                            _ => None,
+                        })
+                        .collect();
                     let applied = machine.apply_batch(index, cmds);
-                    for a in &applied {
-                        if let Ok(Reply::SessionEnded { session, .. }) = &a.outcome {
-                            self.shared.drop_session_waiters(*session);
+                    let mut events = Vec::new();
+                    for (i, a) in applied.iter().enumerate() {
+                        match &a.outcome {
+                            Ok(Reply::SessionCreated { session }) => {
+                                if let Some(Some(ttl_ms)) = ttls.get(i) {
+                                    events.push(LeaseEvent::SessionCreated {
+                                        session: *session,
+                                        ttl: std::time::Duration::from_millis(*ttl_ms),
+                                    });
+                                }
+                            }
+                            Ok(Reply::SessionEnded {
+                                session,
+                                lock_delay,
+                                ..
+                            }) => {
+                                self.shared.drop_session_waiters(*session);
+                                events.push(LeaseEvent::SessionEnded { session: *session });
+                                events.extend(lock_delay.iter().map(|d| {
+                                    LeaseEvent::DelayStarted {
+                                        name: d.name.clone(),
+                                        since: a.index,
+                                        length: std::time::Duration::from_millis(d.lock_delay_ms),
+                                    }
+                                }));
+                            }
+                            _ => {}
                         }
                         self.shared.deliver(&a.grants);
                     }
+                    self.shared.push_lease_events(events);
                     EntryResponse::Commands(applied)
                 }
             };
@@ -276,6 +351,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         *self.shared.machine.write().expect("poisoned") = machine;
         *self.shared.last_applied.write().expect("poisoned") = meta.last_log_id;
         *self.shared.membership.write().expect("poisoned") = meta.last_membership.clone();
+        self.shared.push_lease_events([LeaseEvent::Reset]);
         self.shared.changed.notify_waiters();
         Ok(())
     }
