@@ -3,6 +3,7 @@
 
 mod locks;
 mod redis_locks;
+mod scale;
 mod server;
 pub mod stats;
 mod svg;
@@ -23,6 +24,9 @@ pub enum BenchCommand {
     /// nodes, ZooKeeper 3, etcd 3, PostgreSQL; or `--backend URL,…`): the same
     /// rows as `bench server`.
     Lock(locks::LockBenchArgs),
+    /// One node holding many sessions (and locks): CreateSession and keep-alive
+    /// rates and latency at that size, and the node's memory.
+    Scale(scale::ScaleBenchArgs),
 }
 
 /// Runs a benchmark; returns the exit status.
@@ -31,6 +35,7 @@ pub async fn run(command: BenchCommand) -> Result<i32> {
         BenchCommand::Redis(a) => redis_locks::run(a).await,
         BenchCommand::Server(a) => server::run(a).await,
         BenchCommand::Lock(a) => locks::run(a).await,
+        BenchCommand::Scale(a) => scale::run(a).await,
     }
 }
 

@@ -1,0 +1,278 @@
+//! `palisade bench scale`: one node holding many sessions (and, with `--locks`,
+//! many held locks) — how fast sessions are created and kept alive at that size,
+//! and what it costs in memory.
+//!
+//! The bench talks to the node over the raw gRPC API on a few shared
+//! connections: a `Client` per session would open a connection and a keep-alive
+//! task each, which measures the bench, not the server. Sessions get a TTL longer
+//! than the run, so only the measured keep-alives are sent; the node is killed at
+//! the end (its data is a temporary directory).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use palisade_proto::v1::locks_client::LocksClient;
+use palisade_proto::v1::{AcquireRequest, CreateSessionRequest, KeepAliveRequest};
+use palisade_testkit::PalisadeNode;
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use super::stats::Samples;
+use crate::duration_arg;
+
+/// Arguments of `palisade bench scale`.
+#[derive(Args)]
+pub struct ScaleBenchArgs {
+    /// Sessions to create (the server's limit is 100,000).
+    #[arg(long, default_value_t = 100_000)]
+    sessions: usize,
+    /// Locks to acquire, spread over the sessions (each session holds at most
+    /// 1,000).
+    #[arg(long, default_value_t = 0)]
+    locks: usize,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 64)]
+    callers: usize,
+    /// How long keep-alives are measured.
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    keepalive_duration: Duration,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The result, one object.
+#[derive(Serialize)]
+struct Scale {
+    sessions: usize,
+    locks: usize,
+    /// The node's resident memory at the end (VmRSS).
+    rss_bytes: u64,
+    /// `CreateSession` calls per second over the last tenth of the sessions,
+    /// i.e. with (nearly) all of them live.
+    create_session_per_s: f64,
+    /// The same over all of them.
+    create_session_overall_per_s: f64,
+    /// Keep-alives per second, and their latency, with every session live.
+    keepalive_per_s: f64,
+    keepalive_p50_us: Option<u64>,
+    keepalive_p99_us: Option<u64>,
+    /// Acquires per second while the locks were taken (`null` without locks).
+    acquire_per_s: Option<f64>,
+}
+
+/// A live session: its id and key.
+struct Session {
+    id: u64,
+    key: Vec<u8>,
+}
+
+/// Runs the benchmark; returns the exit status.
+pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
+    if a.sessions == 0 || a.callers == 0 {
+        eprintln!("palisade bench scale: --sessions and --callers must be at least 1");
+        return Ok(crate::exit::USAGE);
+    }
+    if a.locks > a.sessions * 1_000 {
+        eprintln!("palisade bench scale: at most 1,000 locks per session");
+        return Ok(crate::exit::USAGE);
+    }
+    let exe = std::env::current_exe().context("locating the palisade binary")?;
+    let node = tokio::task::block_in_place(|| PalisadeNode::single(&exe))?;
+    let pid = node.pid().context("the node did not start")?;
+    // A few connections shared by every caller, as a real fleet's would be spread.
+    let mut channels = Vec::new();
+    for _ in 0..4 {
+        channels.push(
+            Channel::from_shared(format!("http://{}", node.addr()))?
+                .connect()
+                .await
+                .context("connecting to the node")?,
+        );
+    }
+    let bar = ProgressBar::new(a.sessions as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} · {per_sec}")
+            .expect("valid template"),
+    );
+
+    // Sessions, by `callers` tasks pulling from one counter.
+    bar.set_message("sessions created");
+    let next = Arc::new(AtomicUsize::new(0));
+    let tail_from = a.sessions - a.sessions / 10;
+    let tail_started = Arc::new(std::sync::OnceLock::<Instant>::new());
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..a.callers {
+        let mut client = LocksClient::new(channels[c % channels.len()].clone());
+        let (next, bar, tail_started) = (next.clone(), bar.clone(), tail_started.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= a.sessions {
+                    break;
+                }
+                if i == tail_from {
+                    let _ = tail_started.set(Instant::now());
+                }
+                let reply = client
+                    .create_session(CreateSessionRequest {
+                        // Longer than any run: only the measured keep-alives go out.
+                        ttl_ms: 3_600_000,
+                        label: format!("scale {i}"),
+                    })
+                    .await?
+                    .into_inner();
+                mine.push(Session {
+                    id: reply.session_id,
+                    key: reply.session_key,
+                });
+                bar.inc(1);
+            }
+            anyhow::Ok(mine)
+        }));
+    }
+    let mut sessions = Vec::with_capacity(a.sessions);
+    for t in tasks {
+        sessions.extend(t.await??);
+    }
+    let ended = Instant::now();
+    let overall = a.sessions as f64 / (ended - started).as_secs_f64();
+    let tail = match tail_started.get() {
+        Some(t) => (a.sessions - tail_from) as f64 / (ended - *t).as_secs_f64(),
+        None => overall,
+    };
+    if sessions.len() != a.sessions {
+        bail!("created {} sessions of {}", sessions.len(), a.sessions);
+    }
+    let sessions = Arc::new(sessions);
+
+    // Locks, round-robin over the sessions.
+    let mut acquire_per_s = None;
+    if a.locks > 0 {
+        bar.set_length(a.locks as u64);
+        bar.set_position(0);
+        bar.set_message("locks acquired");
+        let next = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..a.callers {
+            let mut client = LocksClient::new(channels[c % channels.len()].clone());
+            let (next, bar, sessions) = (next.clone(), bar.clone(), sessions.clone());
+            let locks = a.locks;
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= locks {
+                        break;
+                    }
+                    let s = &sessions[i % sessions.len()];
+                    client
+                        .acquire(AcquireRequest {
+                            session_id: s.id,
+                            name: format!("scale/{i}"),
+                            wait_ms: 0,
+                            lock_delay_ms: 0,
+                            session_key: s.key.clone(),
+                        })
+                        .await?;
+                    bar.inc(1);
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        acquire_per_s = Some((a.locks as f64 / started.elapsed().as_secs_f64()).round());
+    }
+
+    // Keep-alives to sessions spread over all of them, every one live.
+    bar.set_message("measuring keep-alives");
+    bar.set_length(0);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..a.callers {
+        let mut client = LocksClient::new(channels[c % channels.len()].clone());
+        let sessions = sessions.clone();
+        let duration = a.keepalive_duration;
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Samples::default();
+            let mut i = c;
+            while started.elapsed() < duration {
+                let s = &sessions[i % sessions.len()];
+                i += a.callers * 7919;
+                let t = Instant::now();
+                client
+                    .keep_alive(KeepAliveRequest {
+                        session_id: s.id,
+                        session_key: s.key.clone(),
+                    })
+                    .await?;
+                samples.push(t.elapsed());
+            }
+            anyhow::Ok(samples)
+        }));
+    }
+    let mut samples = Samples::default();
+    for t in tasks {
+        samples.extend(t.await??);
+    }
+    let keepalives = samples.len();
+    let samples = samples.sorted();
+    bar.finish_and_clear();
+
+    let result = Scale {
+        sessions: a.sessions,
+        locks: a.locks,
+        rss_bytes: rss_bytes(pid)?,
+        create_session_per_s: tail.round(),
+        create_session_overall_per_s: overall.round(),
+        keepalive_per_s: (keepalives as f64 / started.elapsed().as_secs_f64()).round(),
+        keepalive_p50_us: samples.percentile(50.0),
+        keepalive_p99_us: samples.percentile(99.0),
+        acquire_per_s,
+    };
+    tokio::task::block_in_place(move || drop(node));
+    if a.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        let f = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+        println!("sessions               {}", result.sessions);
+        println!("locks                  {}", result.locks);
+        println!(
+            "node RSS               {:.1} MiB",
+            result.rss_bytes as f64 / (1 << 20) as f64
+        );
+        println!(
+            "CreateSession/s        {} with ~all live ({} overall), {} callers",
+            result.create_session_per_s, result.create_session_overall_per_s, a.callers
+        );
+        println!(
+            "keep-alives/s          {} (p50 {} µs, p99 {} µs)",
+            result.keepalive_per_s,
+            f(result.keepalive_p50_us),
+            f(result.keepalive_p99_us)
+        );
+        if let Some(r) = result.acquire_per_s {
+            println!("acquires/s             {r}");
+        }
+    }
+    Ok(0)
+}
+
+/// The resident set size of process `pid`, from `/proc/PID/status`.
+fn rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .context("no VmRSS in /proc/PID/status")?;
+    Ok(kib * 1024)
+}
