@@ -78,3 +78,44 @@ fn bench_lock_prints_every_backends_rows_from_one_run() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheme"));
 }
+
+#[test]
+fn bench_scale_reports_one_object_with_the_documented_fields() {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args([
+            "bench",
+            "scale",
+            "--json",
+            "--sessions",
+            "500",
+            "--locks",
+            "300",
+        ])
+        .args(["--callers", "8", "--keepalive-duration", "300ms"])
+        .output()
+        .expect("run palisade bench scale");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(r["sessions"], 500, "{r}");
+    assert_eq!(r["locks"], 300, "{r}");
+    assert!(r["rss_bytes"].as_u64().unwrap() > 0, "{r}");
+    for f in [
+        "create_session_per_s",
+        "keepalive_per_s",
+        "keepalive_p99_us",
+        "acquire_per_s",
+    ] {
+        assert!(r[f].as_f64().is_some_and(|v| v > 0.0), "{f} in {r}");
+    }
+    // Bad input is refused before anything starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["bench", "scale", "--sessions", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
