@@ -291,27 +291,32 @@ fn lock_takes_its_backend_by_url() {
     }
 }
 
+/// The token `palisade lock NAME --backend URL [EXTRA] -- sh -c 'echo $PALISADE_FENCING_TOKEN'`
+/// printed (the command must succeed).
+fn token_via(url: &str, name: &str, extra: &[&str]) -> u64 {
+    let out = Command::new(bin())
+        .args(["lock", name, "--backend", url, "--wait", "30s"])
+        .args(extra)
+        .args(["--", "sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+}
+
 #[test]
 fn lock_on_postgres_passes_increasing_tokens_also_across_a_kill9() {
     let mut pg = palisade_testkit::PostgresServer::start().unwrap();
     let url = pg.url();
-    let token = || {
-        let out = Command::new(bin())
-            .args(["lock", "demo", "--backend", &url, "--wait", "30s", "--"])
-            .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .trim()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let token = || token_via(&url, "demo", &[]);
     let (first, second) = (token(), token());
     assert!(second > first);
     pg.kill9();
@@ -337,23 +342,7 @@ fn lock_on_postgres_passes_increasing_tokens_also_across_a_kill9() {
 fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
     let mut etcd = palisade_testkit::EtcdCluster::start(3).unwrap();
     let url = format!("etcd://{}", etcd.endpoints().join(","));
-    let token = || {
-        let out = Command::new(bin())
-            .args(["lock", "demo", "--backend", &url, "--wait", "30s", "--"])
-            .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .trim()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let token = || token_via(&url, "demo", &[]);
     let (first, second) = (token(), token());
     assert!(second > first);
     for i in 0..3 {
@@ -382,24 +371,7 @@ fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
 fn lock_on_zookeeper_passes_increasing_tokens_also_across_a_kill9() {
     let mut zk = palisade_testkit::ZooKeeperEnsemble::start(3).unwrap();
     let url = format!("zk://{}", zk.connect_string());
-    let token = || {
-        let out = Command::new(bin())
-            .args(["lock", "jobs/demo", "--backend", &url, "--wait", "30s"])
-            .args(["--ttl", "4s", "--"])
-            .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .trim()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let token = || token_via(&url, "jobs/demo", &["--ttl", "4s"]);
     let (first, second) = (token(), token());
     assert!(second > first);
     for i in 0..3 {
