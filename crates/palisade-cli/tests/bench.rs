@@ -92,6 +92,7 @@ fn bench_scale_reports_one_object_with_the_documented_fields() {
             "300",
         ])
         .args(["--callers", "8", "--keepalive-duration", "300ms"])
+        .args(["--expiring", "50", "--expiring-ttl", "1s"])
         .output()
         .expect("run palisade bench scale");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -104,6 +105,10 @@ fn bench_scale_reports_one_object_with_the_documented_fields() {
     assert_eq!(r["sessions"], 500, "{r}");
     assert_eq!(r["locks"], 300, "{r}");
     assert!(r["rss_bytes"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["expiring"], 50, "{r}");
+    // Present (a waiter was granted each sampled lock); how fast is not judged.
+    assert!(r["expired_locks_free_after_ttl_ms"].is_u64(), "{r}");
+    assert!(r["acquire_p99_during_expiry_us"].is_u64(), "{r}");
     for f in [
         "create_session_per_s",
         "keepalive_per_s",

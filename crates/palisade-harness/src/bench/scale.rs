@@ -40,6 +40,13 @@ pub struct ScaleBenchArgs {
     /// How long keep-alives are measured.
     #[arg(long, default_value = "5s", value_parser = duration_arg)]
     keepalive_duration: Duration,
+    /// Then: this many more sessions, each holding one lock, all left to expire
+    /// at once (0: skip). Counted within `--sessions`' limit of 100,000 live.
+    #[arg(long, default_value_t = 0)]
+    expiring: usize,
+    /// The TTL of the expiring sessions.
+    #[arg(long, default_value = "3s", value_parser = duration_arg)]
+    expiring_ttl: Duration,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -63,6 +70,14 @@ struct Scale {
     keepalive_p99_us: Option<u64>,
     /// Acquires per second while the locks were taken (`null` without locks).
     acquire_per_s: Option<f64>,
+    /// With `--expiring`: how many sessions expired together.
+    expiring: usize,
+    /// The longest any sampled lock of an expiring session took to be granted
+    /// to a waiter, counted from its session's TTL running out (`null`
+    /// without `--expiring`).
+    expired_locks_free_after_ttl_ms: Option<u64>,
+    /// Meanwhile, other clients' acquire latency on locks of their own.
+    acquire_p99_during_expiry_us: Option<u64>,
 }
 
 /// A live session: its id and key.
@@ -224,6 +239,13 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
     }
     let keepalives = samples.len();
     let samples = samples.sorted();
+
+    let (free_after, during) = if a.expiring > 0 {
+        bar.set_message("sessions expiring together");
+        expire_together(&channels, &sessions, &a).await?
+    } else {
+        (None, None)
+    };
     bar.finish_and_clear();
 
     let result = Scale {
@@ -236,6 +258,9 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
         keepalive_p50_us: samples.percentile(50.0),
         keepalive_p99_us: samples.percentile(99.0),
         acquire_per_s,
+        expiring: a.expiring,
+        expired_locks_free_after_ttl_ms: free_after,
+        acquire_p99_during_expiry_us: during,
     };
     tokio::task::block_in_place(move || drop(node));
     if a.json {
@@ -261,8 +286,139 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
         if let Some(r) = result.acquire_per_s {
             println!("acquires/s             {r}");
         }
+        if let Some(ms) = result.expired_locks_free_after_ttl_ms {
+            println!(
+                "{} sessions expiring  locks free ≤ {ms} ms after the TTL; others' acquire p99 {} µs",
+                result.expiring,
+                f(result.acquire_p99_during_expiry_us)
+            );
+        }
     }
     Ok(0)
+}
+
+/// Creates `a.expiring` sessions of `a.expiring_ttl`, each taking one lock, and
+/// sends them no keep-alive. Waiters (on long-lived sessions) queue for a sample
+/// of those locks; each grant is timed from its session's TTL running out on this
+/// process's clock (the server starts a session's countdown after it answers
+/// the create, so this can only overstate the delay). Meanwhile other clients
+/// acquire and release locks of their own.
+async fn expire_together(
+    channels: &[Channel],
+    live: &Arc<Vec<Session>>,
+    a: &ScaleBenchArgs,
+) -> Result<(Option<u64>, Option<u64>)> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..a.callers {
+        let mut client = LocksClient::new(channels[c % channels.len()].clone());
+        let (next, n, ttl) = (next.clone(), a.expiring, a.expiring_ttl);
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let reply = client
+                    .create_session(CreateSessionRequest {
+                        ttl_ms: ttl.as_millis() as u64,
+                        label: format!("expiring {i}"),
+                    })
+                    .await?
+                    .into_inner();
+                let created = Instant::now();
+                client
+                    .acquire(AcquireRequest {
+                        session_id: reply.session_id,
+                        name: format!("expire/{i}"),
+                        wait_ms: 0,
+                        lock_delay_ms: 0,
+                        session_key: reply.session_key,
+                    })
+                    .await?;
+                mine.push((i, created));
+            }
+            anyhow::Ok(mine)
+        }));
+    }
+    let mut created = vec![Instant::now(); a.expiring];
+    for t in tasks {
+        for (i, at) in t.await?? {
+            created[i] = at;
+        }
+    }
+    // Waiters on a sample of the expiring locks, on sessions that stay alive
+    // (their TTL is an hour).
+    let samples = 8.min(a.expiring);
+    let mut waiters = Vec::new();
+    for k in 0..samples {
+        let i = k * a.expiring / samples;
+        let deadline = created[i] + a.expiring_ttl;
+        let s = &live[k % live.len()];
+        let (id, key) = (s.id, s.key.clone());
+        let mut client = LocksClient::new(channels[k % channels.len()].clone());
+        waiters.push(tokio::spawn(async move {
+            client
+                .acquire(AcquireRequest {
+                    session_id: id,
+                    name: format!("expire/{i}"),
+                    wait_ms: 120_000,
+                    lock_delay_ms: 0,
+                    session_key: key,
+                })
+                .await?;
+            anyhow::Ok(Instant::now().saturating_duration_since(deadline))
+        }));
+    }
+    // Other clients keep working through the expiry.
+    let stop = Instant::now() + a.expiring_ttl + Duration::from_secs(3);
+    let mut workers = Vec::new();
+    for c in 0..8.min(live.len()) {
+        let s = &live[live.len() - 1 - c];
+        let (id, key) = (s.id, s.key.clone());
+        let mut client = LocksClient::new(channels[c % channels.len()].clone());
+        workers.push(tokio::spawn(async move {
+            let mut samples = Samples::default();
+            let name = format!("during-expiry/{c}");
+            while Instant::now() < stop {
+                let t = Instant::now();
+                let token = client
+                    .acquire(AcquireRequest {
+                        session_id: id,
+                        name: name.clone(),
+                        wait_ms: 0,
+                        lock_delay_ms: 0,
+                        session_key: key.clone(),
+                    })
+                    .await?
+                    .into_inner()
+                    .token;
+                samples.push(t.elapsed());
+                client
+                    .release(palisade_proto::v1::ReleaseRequest {
+                        session_id: id,
+                        name: name.clone(),
+                        token,
+                        session_key: key.clone(),
+                    })
+                    .await?;
+            }
+            anyhow::Ok(samples)
+        }));
+    }
+    let mut worst = Duration::ZERO;
+    for w in waiters {
+        worst = worst.max(w.await??);
+    }
+    let mut during = Samples::default();
+    for w in workers {
+        during.extend(w.await??);
+    }
+    Ok((
+        Some(worst.as_millis() as u64),
+        during.sorted().percentile(99.0),
+    ))
 }
 
 /// The resident set size of process `pid`, from `/proc/PID/status`.
