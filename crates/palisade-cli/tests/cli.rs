@@ -338,61 +338,69 @@ fn lock_on_postgres_passes_increasing_tokens_also_across_a_kill9() {
     assert!(stderr.contains("are for palisade://"), "{stderr}");
 }
 
-#[test]
-fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
-    let mut etcd = palisade_testkit::EtcdCluster::start(3).unwrap();
-    let url = format!("etcd://{}", etcd.endpoints().join(","));
-    let token = || token_via(&url, "demo", &[]);
+/// Tokens from `token` rise across a `kill -9` of all `servers` servers of
+/// `cluster` (restarted), and again across a `kill -9` of its leader alone.
+fn tokens_rise_across_kills<C>(
+    cluster: &mut C,
+    servers: usize,
+    token: impl Fn() -> u64,
+    kill: fn(&mut C, usize),
+    start: fn(&mut C, usize) -> std::io::Result<()>,
+    leader: fn(&C) -> Option<usize>,
+) -> [u64; 4] {
     let (first, second) = (token(), token());
     assert!(second > first);
-    for i in 0..3 {
-        etcd.kill(i);
+    for i in 0..servers {
+        kill(cluster, i);
     }
-    for i in 0..3 {
-        etcd.start_member(i).unwrap();
+    for i in 0..servers {
+        start(cluster, i).unwrap();
     }
     let third = token();
     assert!(third > second, "{first} {second} {third}");
     // And the leader alone, killed with kill -9 and restarted.
-    let leader = some_within_60s("an etcd leader", || etcd.leader());
-    etcd.kill(leader);
-    etcd.start_member(leader).unwrap();
+    let l = some_within_60s("a leader", || leader(cluster));
+    kill(cluster, l);
+    start(cluster, l).unwrap();
     let fourth = token();
     assert!(
         fourth > third,
         "{third} {fourth} after the leader's kill -9"
     );
-    eprintln!(
-        "etcd tokens: {first} {second}, after every member's kill -9 {third}, after the leader's {fourth}"
+    [first, second, third, fourth]
+}
+
+#[test]
+fn lock_on_etcd_passes_increasing_tokens_also_across_a_kill9() {
+    use palisade_testkit::EtcdCluster;
+    let mut etcd = EtcdCluster::start(3).unwrap();
+    let url = format!("etcd://{}", etcd.endpoints().join(","));
+    let [a, b, c, d] = tokens_rise_across_kills(
+        &mut etcd,
+        3,
+        || token_via(&url, "demo", &[]),
+        EtcdCluster::kill,
+        EtcdCluster::start_member,
+        EtcdCluster::leader,
     );
+    eprintln!("etcd tokens: {a} {b}, after every member's kill -9 {c}, after the leader's {d}");
 }
 
 #[test]
 fn lock_on_zookeeper_passes_increasing_tokens_also_across_a_kill9() {
-    let mut zk = palisade_testkit::ZooKeeperEnsemble::start(3).unwrap();
+    use palisade_testkit::ZooKeeperEnsemble;
+    let mut zk = ZooKeeperEnsemble::start(3).unwrap();
     let url = format!("zk://{}", zk.connect_string());
-    let token = || token_via(&url, "jobs/demo", &["--ttl", "4s"]);
-    let (first, second) = (token(), token());
-    assert!(second > first);
-    for i in 0..3 {
-        zk.kill(i);
-    }
-    for i in 0..3 {
-        zk.start_server(i).unwrap();
-    }
-    let third = token();
-    assert!(third > second, "{first} {second} {third}");
-    // And the leader alone, killed with kill -9 and restarted.
-    let leader = some_within_60s("a ZooKeeper leader", || zk.leader());
-    zk.kill(leader);
-    zk.start_server(leader).unwrap();
-    let fourth = token();
-    assert!(
-        fourth > third,
-        "{third} {fourth} after the leader's kill -9"
+    let [a, b, c, d] = tokens_rise_across_kills(
+        &mut zk,
+        3,
+        || token_via(&url, "jobs/demo", &["--ttl", "4s"]),
+        ZooKeeperEnsemble::kill,
+        ZooKeeperEnsemble::start_server,
+        ZooKeeperEnsemble::leader,
     );
     eprintln!(
-        "zookeeper tokens: {first} {second}, after every server's kill -9 {third}, after the leader's {fourth}"
+        "zookeeper tokens: {a} {b}, after every server's kill -9 {c}, after the leader's {d}"
     );
 }
 
