@@ -184,7 +184,7 @@ pub async fn run(
         dir: config.data_dir.clone(),
         why: e.to_string(),
     };
-    let log = LogStore::open(&config.data_dir.join("raft-log.redb")).map_err(dir_err)?;
+    let log = LogStore::open(&config.data_dir).map_err(dir_err)?;
     let sm = StateMachineStore::open(&config.data_dir.join("state.redb")).map_err(dir_err)?;
     let shared = sm.shared();
     let raft_config = Config {

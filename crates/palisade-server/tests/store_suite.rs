@@ -1,4 +1,4 @@
-//! openraft's storage conformance suite, run on Palisade's redb stores.
+//! openraft's storage conformance suite, run on Palisade's stores.
 
 use openraft::StorageError;
 use openraft::testing::{StoreBuilder, Suite};
@@ -13,7 +13,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
         &self,
     ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<u64>> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let log = LogStore::open(&dir.path().join("log.redb")).expect("log store");
+        let log = LogStore::open(dir.path()).expect("log store");
         let sm = StateMachineStore::open(&dir.path().join("state.redb")).expect("state store");
         Ok((dir, log, sm))
     }
@@ -29,7 +29,7 @@ fn openraft_storage_suite() {
 fn acknowledged_entries_survive_reopening() {
     use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("log.redb");
+    let path = dir.path().to_path_buf();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut log = LogStore::open(&path).unwrap();
@@ -56,5 +56,60 @@ fn acknowledged_entries_survive_reopening() {
         let back = reopened.try_get_log_entries(1..=50).await.unwrap();
         assert_eq!(back.len(), 50);
         assert_eq!(back[49].log_id.index, 50);
+    });
+}
+
+/// A data directory written before the write-ahead log (the log in
+/// `raft-log.redb`) still loads: entries, vote, purged and committed ids move
+/// into the new log and the old file is gone.
+#[test]
+fn a_log_in_the_older_redb_format_is_moved_and_loads() {
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+    use redb::{Database, TableDefinition};
+    const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+    let dir = tempfile::tempdir().unwrap();
+    let legacy = dir.path().join("raft-log.redb");
+    let leader = openraft::CommittedLeaderId::new(2, 1);
+    let vote = openraft::Vote::new_committed(2, 1);
+    let purged = openraft::LogId::new(leader, 3);
+    let committed = openraft::LogId::new(leader, 6);
+    {
+        // Exactly what the redb log store wrote: JSON values in two tables.
+        let db = Database::create(&legacy).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut log = w.open_table(LOG).unwrap();
+            for i in 4..=7u64 {
+                let entry = openraft::Entry::<TypeConfig> {
+                    log_id: openraft::LogId::new(leader, i),
+                    payload: openraft::EntryPayload::Blank,
+                };
+                log.insert(i, serde_json::to_vec(&entry).unwrap().as_slice())
+                    .unwrap();
+            }
+            let mut meta = w.open_table(META).unwrap();
+            meta.insert("vote", serde_json::to_vec(&vote).unwrap().as_slice())
+                .unwrap();
+            let purged_json = serde_json::to_vec(&purged).unwrap();
+            meta.insert("last_purged", purged_json.as_slice()).unwrap();
+            let committed_json = serde_json::to_vec(&Some(committed)).unwrap();
+            meta.insert("committed", committed_json.as_slice()).unwrap();
+        }
+        w.commit().unwrap();
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut log = LogStore::open(dir.path()).unwrap();
+        assert!(!legacy.exists(), "the redb file is deleted once moved");
+        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+        assert_eq!(log.read_committed().await.unwrap(), Some(committed));
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(purged));
+        assert_eq!(state.last_log_id, Some(openraft::LogId::new(leader, 7)));
+        let back = log.try_get_log_entries(0..100).await.unwrap();
+        let indices: Vec<u64> = back.iter().map(|e| e.log_id.index).collect();
+        assert_eq!(indices, vec![4, 5, 6, 7]);
     });
 }

@@ -1,8 +1,9 @@
-//! The Raft log and vote, durable in redb, with group commit.
+//! The Raft log and vote, durable in Palisade's write-ahead log ([`super::wal`]),
+//! with group commit.
 //!
-//! Every write (entries, truncation, purge, vote) goes through one writer thread,
-//! in order. The writer drains everything queued, applies it in ONE redb write
-//! transaction and commits it (one fsync), and only then reports each append
+//! Every write (entries, truncation, purge, vote, committed index) goes through
+//! one writer thread, in order. The writer drains everything queued, writes it as
+//! ONE batch (one `write`, one `fdatasync`), and only then reports each append
 //! complete to openraft and each vote saved. So an entry is acknowledged only once
 //! it is on disk (unlike openraft's rocksdb example, which signals first), and one
 //! fsync serves every grant that arrived while the previous one ran.
@@ -10,6 +11,10 @@
 //! The log is also kept in memory: openraft reads entries for replication right
 //! after appending them, possibly before the writer has reached them. Memory is
 //! bounded by snapshots: entries up to the last snapshot are purged.
+//!
+//! Data directories written before the write-ahead log kept the log in redb
+//! (`raft-log.redb`); [`LogStore::open`] moves such a log into the new format once,
+//! atomically, and then deletes the old file.
 
 // openraft's trait signatures fix `StorageError` (large) as the error type, and
 // redb's error is large too; boxing them here would only add an allocation.
@@ -24,39 +29,62 @@ use std::sync::{Arc, RwLock, mpsc};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{LogId, OptionalSend, RaftLogId, RaftLogReader, StorageError, StorageIOError, Vote};
-use redb::{Database, ReadableTable, TableDefinition};
 
+use super::wal::{Record, Wal};
 use crate::typ::{NodeId, TypeConfig};
 
 type Entry = openraft::Entry<TypeConfig>;
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-const VOTE_KEY: &str = "vote";
-const PURGED_KEY: &str = "last_purged";
-const COMMITTED_KEY: &str = "committed";
+/// The write-ahead log's directory inside the data directory.
+const WAL_DIR: &str = "raft-log";
+/// Where a log moved from the redb format is built before it takes `WAL_DIR`'s place.
+const MIGRATING_DIR: &str = "raft-log.migrating";
+/// The redb log of data directories written before the write-ahead log.
+const LEGACY_REDB: &str = "raft-log.redb";
 
-/// One durable operation, in the order openraft issued it.
+/// One durable operation, in the order openraft issued it, with whoever waits
+/// for it to be on disk.
 enum Op {
-    Append(Vec<(u64, Vec<u8>)>, Option<LogFlushed<TypeConfig>>),
-    /// Delete entries with index >= the given one.
-    Truncate(u64),
-    /// Delete entries with index <= the given one, and remember the log id.
-    Purge(u64, Vec<u8>),
-    Meta(
-        &'static str,
-        Vec<u8>,
-        Option<std::sync::mpsc::SyncSender<io::Result<()>>>,
-    ),
+    Append(Vec<Record>, LogFlushed<TypeConfig>),
+    /// Written when the next batch someone waits for is (see `write_loop`).
+    Unawaited(Record),
+    Vote(Record, mpsc::SyncSender<io::Result<()>>),
 }
 
 /// The in-memory mirror of the durable log.
+#[derive(Default)]
 struct Mem {
     entries: BTreeMap<u64, Entry>,
     last_purged: Option<LogId<NodeId>>,
     vote: Option<Vote<NodeId>>,
     committed: Option<LogId<NodeId>>,
+}
+
+impl Mem {
+    /// Replays one record read back from the write-ahead log.
+    fn replay(&mut self, record: Record) -> io::Result<()> {
+        match record {
+            Record::Entry { index, bytes } => {
+                let entry: Entry = serde_json::from_slice(&bytes).map_err(io_err)?;
+                self.entries.insert(index, entry);
+            }
+            Record::TruncateFrom(index) => {
+                self.entries.split_off(&index);
+            }
+            Record::Vote(bytes) => {
+                self.vote = Some(serde_json::from_slice(&bytes).map_err(io_err)?)
+            }
+            Record::Committed(bytes) => {
+                self.committed = serde_json::from_slice(&bytes).map_err(io_err)?;
+            }
+            Record::Purged { index, bytes } => {
+                self.last_purged = Some(serde_json::from_slice(&bytes).map_err(io_err)?);
+                self.entries = self.entries.split_off(&(index + 1));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The log store handed to openraft. Cheap to clone (readers share it).
@@ -72,50 +100,27 @@ fn io_err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
 }
 
 impl LogStore {
-    /// Opens (or creates) the log at `path` and loads it into memory.
+    /// Opens (or creates) the log in `data_dir` and loads it into memory; a log
+    /// in the older redb format is converted first.
     ///
     /// # Errors
-    /// When the file cannot be opened or holds undecodable data.
-    pub fn open(path: &Path) -> io::Result<Self> {
-        let db = Database::create(path).map_err(io_err)?;
-        {
-            let w = db.begin_write().map_err(io_err)?;
-            w.open_table(LOG).map_err(io_err)?;
-            w.open_table(META).map_err(io_err)?;
-            w.commit().map_err(io_err)?;
+    /// When another process has the log open, when it holds undecodable or
+    /// corrupt data (named in the message), or on I/O failure.
+    pub fn open(data_dir: &Path) -> io::Result<Self> {
+        let wal_dir = data_dir.join(WAL_DIR);
+        let legacy = data_dir.join(LEGACY_REDB);
+        if legacy.exists() && !wal_dir.exists() {
+            migrate_from_redb(&legacy, data_dir)?;
         }
-        let mut mem = Mem {
-            entries: BTreeMap::new(),
-            last_purged: None,
-            vote: None,
-            committed: None,
-        };
-        {
-            let r = db.begin_read().map_err(io_err)?;
-            let log = r.open_table(LOG).map_err(io_err)?;
-            for row in log.iter().map_err(io_err)? {
-                let (k, v) = row.map_err(io_err)?;
-                let entry: Entry = serde_json::from_slice(v.value()).map_err(io_err)?;
-                mem.entries.insert(k.value(), entry);
-            }
-            let meta = r.open_table(META).map_err(io_err)?;
-            let get = |key: &str| -> io::Result<Option<Vec<u8>>> {
-                Ok(meta.get(key).map_err(io_err)?.map(|v| v.value().to_vec()))
-            };
-            if let Some(b) = get(VOTE_KEY)? {
-                mem.vote = Some(serde_json::from_slice(&b).map_err(io_err)?);
-            }
-            if let Some(b) = get(PURGED_KEY)? {
-                mem.last_purged = Some(serde_json::from_slice(&b).map_err(io_err)?);
-            }
-            if let Some(b) = get(COMMITTED_KEY)? {
-                mem.committed = Some(serde_json::from_slice(&b).map_err(io_err)?);
-            }
+        let (wal, records) = Wal::open(&wal_dir)?;
+        let mut mem = Mem::default();
+        for record in records {
+            mem.replay(record)?;
         }
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("palisade-log-writer".into())
-            .spawn(move || write_loop(db, rx))?;
+            .spawn(move || write_loop(wal, rx))?;
         Ok(LogStore {
             mem: Arc::new(RwLock::new(mem)),
             writer: tx,
@@ -139,69 +144,142 @@ impl LogStore {
             )))
         })
     }
-
-    /// Writes a metadata value and waits until it is on disk.
-    fn save_meta(&self, key: &'static str, bytes: Vec<u8>) -> io::Result<()> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.writer
-            .send(Op::Meta(key, bytes, Some(tx)))
-            .map_err(|_| io_err("the log writer thread has stopped"))?;
-        rx.recv()
-            .map_err(|_| io_err("the log writer thread has stopped"))?
-    }
 }
 
+/// Converts a redb log (the format before the write-ahead log) into a new
+/// write-ahead log: built aside, renamed into place, and only then is the old
+/// file deleted, so a crash at any point leaves one complete log.
+fn migrate_from_redb(legacy: &Path, data_dir: &Path) -> io::Result<()> {
+    use redb::{Database, ReadableTable, TableDefinition};
+    const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+    let db = Database::open(legacy).map_err(io_err)?;
+    let r = db.begin_read().map_err(io_err)?;
+    let mut records = Vec::new();
+    if let Ok(meta) = r.open_table(META) {
+        let get = |key: &str| -> io::Result<Option<Vec<u8>>> {
+            Ok(meta.get(key).map_err(io_err)?.map(|v| v.value().to_vec()))
+        };
+        if let Some(bytes) = get("vote")? {
+            records.push(Record::Vote(bytes));
+        }
+        if let Some(bytes) = get("last_purged")? {
+            let id: LogId<NodeId> = serde_json::from_slice(&bytes).map_err(io_err)?;
+            records.push(Record::Purged {
+                index: id.index,
+                bytes,
+            });
+        }
+        if let Some(bytes) = get("committed")? {
+            records.push(Record::Committed(bytes));
+        }
+    }
+    if let Ok(log) = r.open_table(LOG) {
+        for row in log.iter().map_err(io_err)? {
+            let (k, v) = row.map_err(io_err)?;
+            // Decoded once here so that undecodable data stops the move.
+            let _: Entry = serde_json::from_slice(v.value()).map_err(io_err)?;
+            records.push(Record::Entry {
+                index: k.value(),
+                bytes: v.value().to_vec(),
+            });
+        }
+    }
+    drop(r);
+    drop(db);
+    let aside = data_dir.join(MIGRATING_DIR);
+    if aside.exists() {
+        std::fs::remove_dir_all(&aside)?;
+    }
+    {
+        let (mut wal, _) = Wal::open(&aside)?;
+        wal.write(&records)?;
+    }
+    std::fs::rename(&aside, data_dir.join(WAL_DIR))?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    std::fs::remove_file(legacy)?;
+    tracing::info!(
+        entries = records.len(),
+        "moved the Raft log from redb to the write-ahead log"
+    );
+    Ok(())
+}
+
+/// How long an operation nobody waits for (the committed index, a truncation, a
+/// purge) may wait for an acknowledged write to ride along with before the writer
+/// writes it on its own.
+const CARRY_AT_MOST: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The writer thread: group commit.
-fn write_loop(db: Database, rx: mpsc::Receiver<Op>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
-        let started = std::time::Instant::now();
-        let result = (|| -> std::result::Result<(), redb::Error> {
-            let w = db.begin_write()?;
-            {
-                let mut log = w.open_table(LOG)?;
-                let mut meta = w.open_table(META)?;
-                for op in &batch {
-                    match op {
-                        Op::Append(entries, _) => {
-                            for (i, bytes) in entries {
-                                log.insert(*i, bytes.as_slice())?;
-                            }
-                        }
-                        Op::Truncate(from) => {
-                            log.retain_in(*from.., |_, _| false)?;
-                        }
-                        Op::Purge(upto, id) => {
-                            log.retain_in(..=*upto, |_, _| false)?;
-                            meta.insert(PURGED_KEY, id.as_slice())?;
-                        }
-                        Op::Meta(key, bytes, _) => {
-                            meta.insert(*key, bytes.as_slice())?;
-                        }
-                    }
+///
+/// Only an append or a vote has someone waiting for it to be on disk. Operations
+/// nobody waits for are carried, in order, into the next batch that does: each
+/// costs no fsync of its own on the commit path (the committed index changes with
+/// every grant; syncing it separately doubled the fsyncs per grant). Carried
+/// operations are written on their own only after `CARRY_AT_MOST` of quiet.
+fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>) {
+    let mut carried: Vec<Op> = Vec::new();
+    let mut closing = false;
+    while !closing {
+        let first = if carried.is_empty() {
+            match rx.recv() {
+                Ok(op) => Some(op),
+                Err(_) => return,
+            }
+        } else {
+            match rx.recv_timeout(CARRY_AT_MOST) {
+                Ok(op) => Some(op),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    closing = true;
+                    None
                 }
             }
-            w.commit()?;
-            Ok(())
-        })();
-        tracing::debug!(
-            ops = batch.len(),
-            commit_us = started.elapsed().as_micros() as u64,
-            "log batch committed"
-        );
+        };
+        let quiet = first.is_none();
+        let mut batch = std::mem::take(&mut carried);
+        batch.extend(first);
+        batch.extend(rx.try_iter());
+        let someone_waits = batch.iter().any(|op| !matches!(op, Op::Unawaited(_)));
+        if !someone_waits && !quiet {
+            carried = batch;
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let mut records = Vec::with_capacity(batch.len());
+        let mut appended = Vec::new();
+        let mut votes = Vec::new();
         for op in batch {
-            let r = result
+            match op {
+                Op::Append(entries, done) => {
+                    records.extend(entries);
+                    appended.push(done);
+                }
+                Op::Unawaited(record) => records.push(record),
+                Op::Vote(record, done) => {
+                    records.push(record);
+                    votes.push(done);
+                }
+            }
+        }
+        let result = wal.write(&records);
+        tracing::debug!(
+            records = records.len(),
+            write_us = started.elapsed().as_micros() as u64,
+            "log batch on disk"
+        );
+        let outcome = || {
+            result
                 .as_ref()
                 .map(|_| ())
-                .map_err(|e| io_err(e.to_string()));
-            match op {
-                Op::Append(_, Some(cb)) => cb.log_io_completed(r),
-                Op::Meta(_, _, Some(done)) => {
-                    let _ = done.send(r);
-                }
-                _ => {}
-            }
+                .map_err(|e| io::Error::new(e.kind(), e.to_string()))
+        };
+        for done in appended {
+            done.log_io_completed(outcome());
+        }
+        for done in votes {
+            let _ = done.send(outcome());
         }
         if let Err(e) = result {
             // A log that cannot be written must not keep acknowledging: stop, so
@@ -244,10 +322,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
-        let bytes = serde_json::to_vec(vote)
-            .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?;
-        self.save_meta(VOTE_KEY, bytes)
-            .map_err(|e| StorageError::from(StorageIOError::write_vote(&e)))?;
+        let write_err = |e: io::Error| StorageError::from(StorageIOError::write_vote(&e));
+        let bytes = serde_json::to_vec(vote).map_err(|e| write_err(io_err(e)))?;
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(Op::Vote(Record::Vote(bytes), tx))?;
+        rx.recv()
+            .map_err(|_| write_err(io_err("the log writer thread has stopped")))?
+            .map_err(write_err)?;
         self.mem.write().expect("poisoned").vote = Some(*vote);
         Ok(())
     }
@@ -261,7 +342,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // it rides along with the next append's fsync.
         let bytes = serde_json::to_vec(&committed)
             .map_err(|e| StorageError::from(StorageIOError::write(&e)))?;
-        self.send(Op::Meta(COMMITTED_KEY, bytes, None))?;
+        self.send(Op::Unawaited(Record::Committed(bytes)))?;
         self.mem.write().expect("poisoned").committed = committed;
         Ok(())
     }
@@ -282,11 +363,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 let index = entry.get_log_id().index;
                 let bytes = serde_json::to_vec(&entry)
                     .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?;
-                encoded.push((index, bytes));
+                encoded.push(Record::Entry { index, bytes });
                 mem.entries.insert(index, entry);
             }
         }
-        self.send(Op::Append(encoded, Some(callback)))
+        self.send(Op::Append(encoded, callback))
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
@@ -294,8 +375,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .write()
             .expect("poisoned")
             .entries
-            .retain(|i, _| *i < log_id.index);
-        self.send(Op::Truncate(log_id.index))
+            .split_off(&log_id.index);
+        self.send(Op::Unawaited(Record::TruncateFrom(log_id.index)))
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
@@ -303,9 +384,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?;
         {
             let mut mem = self.mem.write().expect("poisoned");
-            mem.entries.retain(|i, _| *i > log_id.index);
+            mem.entries = mem.entries.split_off(&(log_id.index + 1));
             mem.last_purged = Some(log_id);
         }
-        self.send(Op::Purge(log_id.index, bytes))
+        self.send(Op::Unawaited(Record::Purged {
+            index: log_id.index,
+            bytes,
+        }))
     }
 }

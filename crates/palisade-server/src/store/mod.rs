@@ -1,6 +1,7 @@
-//! Durable state: the Raft log and vote ([`log::LogStore`]) and the state machine
-//! with its snapshots ([`sm::StateMachineStore`]), each in its own redb file under
-//! the data directory.
+//! Durable state: the Raft log and vote ([`log::LogStore`], in Palisade's own
+//! write-ahead log, [`wal`]) and the state machine with its snapshots
+//! ([`sm::StateMachineStore`], in redb), under the data directory.
 
 pub mod log;
 pub mod sm;
+pub mod wal;
