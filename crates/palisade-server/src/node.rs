@@ -199,6 +199,9 @@ pub async fn run(
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
     let committed_log = log.clone();
+    // Any entry in the log at startup may have been acknowledged before a crash
+    // (see `Api::linearize`).
+    let read_floor = log.last_index();
     let peers = PeerFactory {
         tls: tls.as_ref().map(Tls::to_peers),
     };
@@ -244,6 +247,7 @@ pub async fn run(
         shared,
         leases,
         Arc::new(move || committed_log.committed_index()),
+        read_floor,
         gatekeeper.clone(),
     );
     tracing::info!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");

@@ -40,6 +40,9 @@ pub struct Api {
     shared: Arc<Shared>,
     leases: Arc<LeaseKeeper>,
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// The last log index at startup: reads wait until it is applied.
+    read_floor: u64,
+    read_floor_reached: Arc<std::sync::atomic::AtomicBool>,
     gatekeeper: Arc<Gatekeeper>,
 }
 
@@ -51,6 +54,7 @@ impl Api {
         shared: Arc<Shared>,
         leases: Arc<LeaseKeeper>,
         committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+        read_floor: u64,
         gatekeeper: Arc<Gatekeeper>,
     ) -> Self {
         Api {
@@ -59,6 +63,8 @@ impl Api {
             shared,
             leases,
             committed,
+            read_floor,
+            read_floor_reached: Arc::new(std::sync::atomic::AtomicBool::new(read_floor == 0)),
             gatekeeper,
         }
     }
@@ -156,12 +162,39 @@ impl Api {
     /// everything committed before now is applied.
     async fn linearize(&self) -> Result<(), Status> {
         match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
+            Ok(_) => {}
             Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(self.not_leader(f.leader_id))
+                return Err(self.not_leader(f.leader_id));
             }
-            Err(e) => Err(ErrorCode::Unavailable.status(e.to_string())),
+            Err(e) => return Err(ErrorCode::Unavailable.status(e.to_string())),
         }
+        // A leader restarted without losing its term resumes leading at once, and
+        // openraft then reads at the committed index it found on disk — which
+        // lags (it is not synced; see the log store), so an acquire or release
+        // acknowledged just before the crash would be missing from the read.
+        // Every entry in the log at startup may have been acknowledged: reads
+        // wait until all of them are applied, once per process.
+        use std::sync::atomic::Ordering;
+        if !self.read_floor_reached.load(Ordering::Acquire) {
+            let applied = self
+                .shared
+                .last_applied
+                .read()
+                .expect("poisoned")
+                .map_or(0, |l| l.index);
+            if applied < self.read_floor {
+                self.raft
+                    .wait(Some(Duration::from_secs(10)))
+                    .applied_index_at_least(
+                        Some(self.read_floor),
+                        "entries found at startup applied",
+                    )
+                    .await
+                    .map_err(|e| ErrorCode::Unavailable.status(e.to_string()))?;
+            }
+            self.read_floor_reached.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     fn lock_info(&self, view: palisade_core::machine::LockView) -> LockInfo {

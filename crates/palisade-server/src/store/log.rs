@@ -137,6 +137,17 @@ impl LogStore {
             .map_or(0, |l| l.index)
     }
 
+    /// The index of the last entry in the log (0 when empty).
+    pub fn last_index(&self) -> u64 {
+        let mem = self.mem.read().expect("poisoned");
+        mem.entries
+            .keys()
+            .next_back()
+            .copied()
+            .or(mem.last_purged.map(|l| l.index))
+            .unwrap_or(0)
+    }
+
     fn send(&self, op: Op) -> Result<()> {
         self.writer.send(op).map_err(|_| {
             StorageError::from(StorageIOError::write_logs(&io_err(
