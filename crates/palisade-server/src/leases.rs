@@ -2,9 +2,10 @@
 //! monotonic clock.
 //!
 //! Keep-alives are not log entries: they only move a deadline in the leader's
-//! memory. When a deadline passes, the leader proposes `ExpireSession`; that entry,
+//! memory. When a deadline passes, the leader proposes `ExpireInBatch`; that entry,
 //! once committed, is what frees the locks — so every replica frees them at the
-//! same log index. A node that becomes leader knows no deadlines: it restarts every
+//! same log index. Sessions expiring together share entries (the proposer batches
+//! them like acquires). A node that becomes leader knows no deadlines: it restarts every
 //! session's countdown at the full TTL (and every pending lock-delay at its full
 //! length) before it expires anything. A lease can therefore outlive its holder by
 //! up to one TTL per election, never end early.
@@ -18,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use openraft::ServerState;
-use palisade_core::machine::{Command, SessionId};
+use palisade_core::machine::{Command, MachineError, SessionId};
 
 use crate::proposer::Proposer;
 use crate::store::sm::{LeaseEvent, Shared};
@@ -31,7 +32,7 @@ const TICK: Duration = Duration::from_millis(25);
 struct Countdown {
     deadline: Instant,
     ttl: Duration,
-    /// An `ExpireSession` is in flight: keep-alives are refused from now on.
+    /// An expiry is in flight: keep-alives are refused from now on.
     expiring: bool,
 }
 
@@ -82,6 +83,17 @@ impl Tracked {
         c.deadline = now + c.ttl;
         self.due.insert((c.deadline, session));
         Some(Ok(c.ttl))
+    }
+
+    /// Puts a session whose batched expiry was refused (see
+    /// [`Command::ExpireInBatch`]) back in line, due now: the next tick proposes
+    /// it again. It stays marked expiring, so keep-alives stay refused.
+    fn expire_again(&mut self, session: SessionId, now: Instant) {
+        if let Some(c) = self.sessions.get_mut(&session) {
+            self.due.remove(&(c.deadline, session));
+            c.deadline = now;
+            self.due.insert((now, session));
+        }
     }
 
     fn clear(&mut self) {
@@ -282,7 +294,7 @@ impl LeaseKeeper {
         }
     }
 
-    fn expire_due(&self) {
+    fn expire_due(self: &Arc<Self>) {
         let now = Instant::now();
         let mut proposals = Vec::new();
         {
@@ -295,7 +307,7 @@ impl LeaseKeeper {
                 if let Some(c) = t.sessions.get_mut(&id) {
                     c.expiring = true;
                 }
-                proposals.push(Command::ExpireSession { session: id });
+                proposals.push(Command::ExpireInBatch { session: id });
             }
             let due: Vec<(String, u64)> = t
                 .delays
@@ -315,13 +327,28 @@ impl LeaseKeeper {
             }
         }
         for cmd in proposals {
-            tracing::info!(?cmd, "lease keeper proposes");
-            let proposer = self.proposer.clone();
+            tracing::debug!(?cmd, "lease keeper proposes");
+            let keeper = Arc::clone(self);
             // A failed proposal means leadership was lost (a leader's own write
             // fails only then); the new term's sync starts every countdown afresh.
             tokio::spawn(async move {
-                if let Err(e) = proposer.propose(cmd).await {
-                    tracing::warn!(error = ?e, "lease keeper proposal failed");
+                let expiring = match cmd {
+                    Command::ExpireInBatch { session } => Some(session),
+                    _ => None,
+                };
+                match keeper.proposer.propose(cmd).await {
+                    Ok(applied) => {
+                        if let (Some(session), Err(MachineError::BatchConflict)) =
+                            (expiring, &applied.outcome)
+                        {
+                            keeper
+                                .tracked
+                                .lock()
+                                .expect("poisoned")
+                                .expire_again(session, Instant::now());
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = ?e, "lease keeper proposal failed"),
                 }
             });
         }

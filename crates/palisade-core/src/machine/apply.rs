@@ -94,6 +94,13 @@ impl LockMachine {
             Command::ExpireSession { session } => {
                 self.end_session(index, session, true, &mut grants)
             }
+            Command::ExpireInBatch { session } => {
+                if self.holds_a_lock_granted_at(session, index) {
+                    Err(MachineError::BatchConflict)
+                } else {
+                    self.end_session(index, session, true, &mut grants)
+                }
+            }
             Command::Acquire {
                 session,
                 name,
@@ -197,6 +204,19 @@ impl LockMachine {
             released: gone.held.into_iter().collect(),
             lock_delay,
             dropped_waits: gone.waiting.into_iter().collect(),
+        })
+    }
+
+    /// Whether `session` holds a lock granted by the entry at `index`.
+    fn holds_a_lock_granted_at(&self, session: SessionId, index: u64) -> bool {
+        let token = token_at(index);
+        self.sessions.get(&session).is_some_and(|s| {
+            s.held.iter().any(|name| {
+                self.locks
+                    .get(name)
+                    .and_then(|l| l.holder.as_ref())
+                    .is_some_and(|h| h.token == token)
+            })
         })
     }
 

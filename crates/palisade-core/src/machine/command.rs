@@ -70,6 +70,21 @@ pub enum Command {
         /// The session whose lease ran out.
         session: SessionId,
     },
+    /// [`Command::ExpireSession`] that may share its entry with other expiries and
+    /// lock commands, so that thousands of sessions expiring together cost a few
+    /// entries instead of one each. Refused with
+    /// [`MachineError::BatchConflict`](super::MachineError::BatchConflict), changing
+    /// nothing, when the session holds a lock granted by this same entry (ending
+    /// it would grant that lock a second time with the same token); the leader
+    /// proposes it again in a later entry.
+    ///
+    /// A separate variant, not a new rule for `ExpireSession`, so that a node of
+    /// an older version cannot decode it and stops instead of applying it under
+    /// the old rule and diverging from the others.
+    ExpireInBatch {
+        /// The session whose lease ran out.
+        session: SessionId,
+    },
     /// Take a lock, or queue for it.
     Acquire {
         /// Who asks.
@@ -121,12 +136,14 @@ pub enum Command {
 /// Lock commands share entries freely, even on the same lock: after a grant, the
 /// lock can be freed again only by a release presenting the new token — which
 /// [`LockMachine`](super::LockMachine) refuses within the granting entry — or by
-/// the end of the holder's session, which is exclusive. So an entry grants each
-/// lock at most once whatever lock commands it carries.
+/// the end of the holder's session: a close is exclusive, and a batched expiry
+/// ([`Command::ExpireInBatch`]) of a session holding a lock granted by the same
+/// entry is refused. So an entry grants each lock at most once whatever lock
+/// commands it carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConflictKey {
-    /// Acquire, release, cancel-wait, end of lock-delay: shares an entry with any
-    /// command that is not exclusive.
+    /// Acquire, release, cancel-wait, end of lock-delay, batched expiry: shares an
+    /// entry with any command that is not exclusive.
     Shared,
     /// Creates a session, whose id is the entry's index: one per entry.
     NewSession,
@@ -152,7 +169,9 @@ impl Command {
             Command::Release { name, .. }
             | Command::CancelWait { name, .. }
             | Command::EndLockDelay { name, .. } => Ok(crate::limits::validate_name(name)?),
-            Command::CloseSession { .. } | Command::ExpireSession { .. } => Ok(()),
+            Command::CloseSession { .. }
+            | Command::ExpireSession { .. }
+            | Command::ExpireInBatch { .. } => Ok(()),
         }
     }
 
@@ -161,7 +180,8 @@ impl Command {
         match self {
             Command::CreateSession { .. } => ConflictKey::NewSession,
             Command::CloseSession { .. } | Command::ExpireSession { .. } => ConflictKey::Exclusive,
-            Command::Acquire { .. }
+            Command::ExpireInBatch { .. }
+            | Command::Acquire { .. }
             | Command::Release { .. }
             | Command::CancelWait { .. }
             | Command::EndLockDelay { .. } => ConflictKey::Shared,
@@ -226,7 +246,8 @@ pub enum Reply {
         /// The new session's id (the entry's index).
         session: SessionId,
     },
-    /// [`Command::CloseSession`] or [`Command::ExpireSession`] succeeded. Hand-offs
+    /// [`Command::CloseSession`], [`Command::ExpireSession`] or
+    /// [`Command::ExpireInBatch`] succeeded. Hand-offs
     /// to waiters are in [`Applied::grants`].
     SessionEnded {
         /// The session that is gone.

@@ -265,6 +265,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                             Command::CreateSession { .. }
                                 | Command::CloseSession { .. }
                                 | Command::ExpireSession { .. }
+                                | Command::ExpireInBatch { .. }
                                 | Command::EndLockDelay { .. }
                         )
                     });

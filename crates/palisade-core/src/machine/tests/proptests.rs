@@ -19,6 +19,7 @@ enum Op {
     Create,
     Close(usize),
     Expire(usize),
+    ExpireInBatch(usize),
     Acquire {
         who: usize,
         lock: usize,
@@ -45,6 +46,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Create),
         1 => who.clone().prop_map(Op::Close),
         1 => who.clone().prop_map(Op::Expire),
+        2 => who.clone().prop_map(Op::ExpireInBatch),
         8 => (who.clone(), lock.clone(), any::<bool>(), any::<bool>())
             .prop_map(|(who, lock, wait, delay)| Op::Acquire { who, lock, wait, delay }),
         4 => (who.clone(), lock.clone(), prop::bool::weighted(0.8), any::<u64>())
@@ -80,6 +82,7 @@ fn command(op: &Op, ids: &[SessionId], m: &LockMachine) -> Command {
         },
         Op::Close(who) => Command::CloseSession { session: pick(who) },
         Op::Expire(who) => Command::ExpireSession { session: pick(who) },
+        Op::ExpireInBatch(who) => Command::ExpireInBatch { session: pick(who) },
         Op::Acquire {
             who,
             lock,
@@ -247,7 +250,10 @@ fn check_step(
         let was = pre.get(lock).is_some_and(|v| v.in_lock_delay);
         let is = post.get(lock).is_some_and(|v| v.in_lock_delay);
         if !was && is {
-            let expiry = matches!(cmd, Command::ExpireSession { .. });
+            let expiry = matches!(
+                cmd,
+                Command::ExpireSession { .. } | Command::ExpireInBatch { .. }
+            );
             prop_assert!(expiry, "lock-delay started by {:?}", cmd);
         }
         if was && !is {

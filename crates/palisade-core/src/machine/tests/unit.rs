@@ -786,6 +786,51 @@ fn a_release_of_a_grant_made_by_its_own_entry_is_refused() {
 }
 
 #[test]
+fn batched_expiries_share_an_entry_but_never_grant_a_lock_twice() {
+    let mut h = Harness::new();
+    let (a, b, c, d) = (h.session(), h.session(), h.session(), h.session());
+    let tx = acquired(&h.apply(acquire(a, "x", false, 0)));
+    h.apply(acquire(b, "x", true, 0));
+    h.apply(acquire(c, "x", true, 0));
+    acquired(&h.apply(acquire(d, "y", false, 0)));
+    let index = h.next;
+    h.next += 1;
+    // a's expiry hands x to b at this index; b's expiry in the same entry would
+    // hand x on to c with the same token, so it is refused; d's goes through.
+    let applied = h.m.apply_batch(
+        index,
+        vec![
+            Command::ExpireInBatch { session: a },
+            Command::ExpireInBatch { session: b },
+            Command::ExpireInBatch { session: d },
+        ],
+    );
+    h.m.check_invariants().unwrap();
+    assert!(matches!(applied[0].outcome, Ok(Reply::SessionEnded { .. })));
+    assert_eq!(
+        applied[0].grants,
+        vec![Grant {
+            name: "x".into(),
+            session: b,
+            token: tok(index)
+        }]
+    );
+    assert_eq!(applied[1].outcome, Err(MachineError::BatchConflict));
+    assert!(applied[1].grants.is_empty());
+    assert!(matches!(applied[2].outcome, Ok(Reply::SessionEnded { .. })));
+    let grants: usize = applied.iter().map(|a| a.grants.len()).sum();
+    assert_eq!(grants, 1, "one entry, one grant of x");
+    let x = h.m.get("x").unwrap();
+    assert_eq!((x.holder, x.token), (Some(b), Some(tok(index))));
+    assert!(x.token > Some(tx));
+    assert!(h.m.get("y").is_none(), "d's lock is free");
+    // In the next entry b's expiry goes through and x moves on to c.
+    let next = h.apply(Command::ExpireInBatch { session: b });
+    assert_eq!(next.grants.len(), 1);
+    assert_eq!(next.grants[0].session, c);
+}
+
+#[test]
 fn end_lock_delay_names_the_delay_it_ends() {
     let mut h = Harness::new();
     let (a, b) = (h.session(), h.session());
