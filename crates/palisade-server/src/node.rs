@@ -201,7 +201,7 @@ pub async fn run(
     let committed_log = log.clone();
     // Any entry in the log at startup may have been acknowledged before a crash
     // (see `Api::linearize`).
-    let read_floor = log.last_index();
+    let read_floor = (log.vote_term(), log.last_index());
     let peers = PeerFactory {
         tls: tls.as_ref().map(Tls::to_peers),
     };

@@ -40,8 +40,9 @@ pub struct Api {
     shared: Arc<Shared>,
     leases: Arc<LeaseKeeper>,
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
-    /// The last log index at startup: reads wait until it is applied.
-    read_floor: u64,
+    /// The vote's term and the last log index at startup: while this node leads
+    /// in that term, reads wait until that index is applied.
+    read_floor: (u64, u64),
     read_floor_reached: Arc<std::sync::atomic::AtomicBool>,
     gatekeeper: Arc<Gatekeeper>,
 }
@@ -54,7 +55,7 @@ impl Api {
         shared: Arc<Shared>,
         leases: Arc<LeaseKeeper>,
         committed: Arc<dyn Fn() -> u64 + Send + Sync>,
-        read_floor: u64,
+        read_floor: (u64, u64),
         gatekeeper: Arc<Gatekeeper>,
     ) -> Self {
         Api {
@@ -64,7 +65,7 @@ impl Api {
             leases,
             committed,
             read_floor,
-            read_floor_reached: Arc::new(std::sync::atomic::AtomicBool::new(read_floor == 0)),
+            read_floor_reached: Arc::new(std::sync::atomic::AtomicBool::new(read_floor.1 == 0)),
             gatekeeper,
         }
     }
@@ -173,22 +174,24 @@ impl Api {
         // lags (it is not synced; see the log store), so an acquire or release
         // acknowledged just before the crash would be missing from the read.
         // Every entry in the log at startup may have been acknowledged: reads
-        // wait until all of them are applied, once per process.
+        // wait until all of them are applied, once per process. In a later term
+        // openraft's own rule covers it (a new leader reads only after its first
+        // entry, which follows all of them, is applied) — and the old tail may
+        // have been cut meanwhile, so the floor could be out of reach.
         use std::sync::atomic::Ordering;
         if !self.read_floor_reached.load(Ordering::Acquire) {
+            let (floor_term, floor) = self.read_floor;
+            let term = self.raft.metrics().borrow().current_term;
             let applied = self
                 .shared
                 .last_applied
                 .read()
                 .expect("poisoned")
                 .map_or(0, |l| l.index);
-            if applied < self.read_floor {
+            if term == floor_term && applied < floor {
                 self.raft
                     .wait(Some(Duration::from_secs(10)))
-                    .applied_index_at_least(
-                        Some(self.read_floor),
-                        "entries found at startup applied",
-                    )
+                    .applied_index_at_least(Some(floor), "entries found at startup applied")
                     .await
                     .map_err(|e| ErrorCode::Unavailable.status(e.to_string()))?;
             }

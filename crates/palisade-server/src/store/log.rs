@@ -137,6 +137,15 @@ impl LogStore {
             .map_or(0, |l| l.index)
     }
 
+    /// The term of the saved vote (0 before any).
+    pub fn vote_term(&self) -> u64 {
+        self.mem
+            .read()
+            .expect("poisoned")
+            .vote
+            .map_or(0, |v| v.leader_id().get_term())
+    }
+
     /// The index of the last entry in the log (0 when empty).
     pub fn last_index(&self) -> u64 {
         let mem = self.mem.read().expect("poisoned");
