@@ -19,6 +19,13 @@
 //! - **Token** = the own key's `create_revision` (what etcd calls the lock's
 //!   revision): a later holder's key was created later, and etcd's revisions
 //!   only grow, across leader changes and restarts.
+//! - A key of this session that `acquire` finds already there is one of three
+//!   things, told apart by a random value written with each create: this very
+//!   call's own create, retried after a lost reply (same value: it is ours); the
+//!   key of a lease this process still holds (the same grant is returned, as
+//!   before); or a leftover of a release or a give-up whose delete failed
+//!   (during a leader change, say). A leftover is deleted and a new key created,
+//!   so the new grant gets a new, higher token — never the earlier grant's again.
 //! - A wait that ends unanswered (or `wait = 0` on a held lock) deletes the own
 //!   key: nothing is left behind. Lease TTLs are whole seconds in etcd: a TTL is
 //!   rounded up, and the TTL etcd grants (it may raise it) is the one used.
@@ -141,6 +148,9 @@ struct Session {
     guarantee: Guarantee,
     /// Set right after the session is built (the task needs the session).
     keep_alive: std::sync::OnceLock<tokio::task::AbortHandle>,
+    /// The keys of the live `EtcdLease`s of this process: a key of this session
+    /// found by `acquire` that is not one of these is a leftover (see there).
+    held: std::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
 }
 
 impl Session {
@@ -227,6 +237,7 @@ impl EtcdLocks {
             ttl,
             guarantee,
             keep_alive: std::sync::OnceLock::new(),
+            held: std::sync::Mutex::default(),
         });
         let task = tokio::spawn(keep_alive(Arc::downgrade(&session)));
         let _ = session.keep_alive.set(task.abort_handle());
@@ -261,51 +272,7 @@ impl EtcdLocks {
         key.extend_from_slice(format!("{:016x}", s.lease).as_bytes());
         let give_up = Instant::now() + options.wait;
         let budget = Duration::from_secs(10);
-        // Create our key unless this session has it already.
-        let txn = pb::TxnRequest {
-            compare: vec![pb::Compare {
-                result: CompareResult::Equal as i32,
-                target: CompareTarget::Create as i32,
-                key: key.clone(),
-                target_union: Some(TargetUnion::CreateRevision(0)),
-                range_end: Vec::new(),
-            }],
-            success: vec![pb::RequestOp {
-                request: Some(Op::RequestPut(pb::PutRequest {
-                    key: key.clone(),
-                    value: Vec::new(),
-                    lease: s.lease,
-                    ..Default::default()
-                })),
-            }],
-            failure: vec![pb::RequestOp {
-                request: Some(Op::RequestRange(pb::RangeRequest {
-                    key: key.clone(),
-                    ..Default::default()
-                })),
-            }],
-        };
-        let reply = s
-            .members
-            .call(budget, |ch| {
-                let txn = txn.clone();
-                async move { KvClient::new(ch).txn(txn).await }
-            })
-            .await?;
-        let my_rev = if reply.succeeded {
-            reply.header.map_or(0, |h| h.revision)
-        } else {
-            reply
-                .responses
-                .iter()
-                .find_map(|r| match &r.response {
-                    Some(pb::response_op::Response::ResponseRange(range)) => {
-                        range.kvs.first().map(|kv| kv.create_revision)
-                    }
-                    _ => None,
-                })
-                .unwrap_or(0)
-        };
+        let my_rev = self.create_key(&key, budget).await?;
         let token = u64::try_from(my_rev)
             .ok()
             .and_then(FencingToken::new)
@@ -321,19 +288,100 @@ impl EtcdLocks {
                 let _ = delete(s, &key).await;
                 Err(LockError::GrantTooLate)
             }
-            Ok(()) => Ok(EtcdLease {
-                session: self.session.clone(),
-                name: name.to_owned(),
-                key,
-                token,
-                released: false,
-            }),
+            Ok(()) => {
+                s.held.lock().expect("poisoned").insert(key.clone());
+                Ok(EtcdLease {
+                    session: self.session.clone(),
+                    name: name.to_owned(),
+                    key,
+                    token,
+                    released: false,
+                })
+            }
             Err(e) => {
                 // Leave nothing behind: our queue entry goes.
                 let _ = delete(s, &key).await;
                 Err(e)
             }
         }
+    }
+
+    /// Creates this session's key for a lock, or finds it; returns its create
+    /// revision. See the module docs for what a key found already there means.
+    async fn create_key(&self, key: &[u8], budget: Duration) -> Result<i64, LockError> {
+        let s = &self.session;
+        let nonce: [u8; 16] = rand::random();
+        for _ in 0..3 {
+            let txn = pb::TxnRequest {
+                compare: vec![pb::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Create as i32,
+                    key: key.to_vec(),
+                    target_union: Some(TargetUnion::CreateRevision(0)),
+                    range_end: Vec::new(),
+                }],
+                success: vec![pb::RequestOp {
+                    request: Some(Op::RequestPut(pb::PutRequest {
+                        key: key.to_vec(),
+                        value: nonce.to_vec(),
+                        lease: s.lease,
+                        ..Default::default()
+                    })),
+                }],
+                failure: vec![pb::RequestOp {
+                    request: Some(Op::RequestRange(pb::RangeRequest {
+                        key: key.to_vec(),
+                        ..Default::default()
+                    })),
+                }],
+            };
+            let reply = s
+                .members
+                .call(budget, |ch| {
+                    let txn = txn.clone();
+                    async move { KvClient::new(ch).txn(txn).await }
+                })
+                .await?;
+            if reply.succeeded {
+                return Ok(reply.header.map_or(0, |h| h.revision));
+            }
+            let found = reply.responses.iter().find_map(|r| match &r.response {
+                Some(pb::response_op::Response::ResponseRange(range)) => range.kvs.first().cloned(),
+                _ => None,
+            });
+            // Gone between the compare and the read: create again.
+            let Some(kv) = found else { continue };
+            if kv.value == nonce || s.held.lock().expect("poisoned").contains(key) {
+                return Ok(kv.create_revision);
+            }
+            // A leftover of an earlier hold or wait: delete it (if it is still
+            // that very key) and create a new one behind everyone queued.
+            let delete_leftover = pb::TxnRequest {
+                compare: vec![pb::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Mod as i32,
+                    key: key.to_vec(),
+                    target_union: Some(TargetUnion::ModRevision(kv.mod_revision)),
+                    range_end: Vec::new(),
+                }],
+                success: vec![pb::RequestOp {
+                    request: Some(Op::RequestDeleteRange(pb::DeleteRangeRequest {
+                        key: key.to_vec(),
+                        ..Default::default()
+                    })),
+                }],
+                failure: Vec::new(),
+            };
+            s.members
+                .call(budget, |ch| {
+                    let txn = delete_leftover.clone();
+                    async move { KvClient::new(ch).txn(txn).await }
+                })
+                .await?;
+        }
+        Err(unavailable(
+            "this session's key for the lock keeps changing under it".to_string(),
+        ))
     }
 
     /// Waits until no key of `prefix` was created before ours.
@@ -578,6 +626,11 @@ impl EtcdLease {
     /// expired); [`LockError::Unavailable`].
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
+        self.session
+            .held
+            .lock()
+            .expect("poisoned")
+            .remove(&self.key);
         match delete(&self.session, &self.key).await? {
             1 => Ok(()),
             _ => Err(LockError::NotHolder(format!(
@@ -623,6 +676,11 @@ impl Drop for EtcdLease {
         if self.released {
             return;
         }
+        self.session
+            .held
+            .lock()
+            .expect("poisoned")
+            .remove(&self.key);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (session, key) = (self.session.clone(), std::mem::take(&mut self.key));
             rt.spawn(async move {
