@@ -44,6 +44,7 @@ fn bench_lock_prints_every_backends_rows_from_one_run() {
     for (backend, nodes) in [
         ("palisade", 1),
         ("palisade", 3),
+        ("zookeeper", 1),
         ("zookeeper", 3),
         ("etcd", 3),
         ("postgres", 1),
@@ -68,7 +69,7 @@ fn bench_lock_prints_every_backends_rows_from_one_run() {
         // Three clients taking turns for 300 ms hand the lock over at least once.
         assert!(contended["handoff_p50_us"].is_u64(), "{contended}");
     }
-    assert_eq!(rows.len(), 5 * 3, "{stdout}");
+    assert_eq!(rows.len(), 6 * 3, "{stdout}");
 
     // A URL with an unknown scheme is bad input: exit 2, nothing started.
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))

@@ -71,10 +71,13 @@ impl ZooKeeperEnsemble {
         let dir = self.server_dir(i);
         std::fs::create_dir_all(dir.join("data"))?;
         std::fs::write(dir.join("data/myid"), format!("{}\n", i + 1))?;
+        // maxClientCnxns=0: ZooKeeper's default of 60 connections per address
+        // turns away a 64-client benchmark on a standalone server (every client
+        // here is 127.0.0.1).
         let mut cfg = format!(
             "tickTime=200\ninitLimit=50\nsyncLimit=25\ndataDir={}\nclientPort={}\n\
              clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=srvr\nmaxSessionTimeout=20000\n",
+             4lw.commands.whitelist=srvr\nmaxSessionTimeout=20000\nmaxClientCnxns=0\n",
             dir.join("data").display(),
             self.servers[i].client_port
         );

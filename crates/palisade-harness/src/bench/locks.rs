@@ -29,8 +29,8 @@ use crate::duration_arg;
 pub struct LockBenchArgs {
     /// Backends to measure, by URL (`palisade://H:P,…`, `zk://H:P,…`,
     /// `etcd://H:P,…`, `postgres://USER@H:P/DB`). Default: start Palisade with 1
-    /// and 3 nodes, ZooKeeper with 3, etcd with 3 and PostgreSQL, and measure
-    /// each.
+    /// and 3 nodes, ZooKeeper standalone and with 3, etcd with 3 and
+    /// PostgreSQL, and measure each.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     backend: Vec<String>,
     /// Measuring time per row.
@@ -101,6 +101,7 @@ struct Setup {
 const DEFAULT_SETUPS: &[(&str, usize)] = &[
     ("palisade", 1),
     ("palisade", 3),
+    ("zk", 1),
     ("zk", 3),
     ("etcd", 3),
     ("postgres", 1),

@@ -21,7 +21,7 @@ pub enum BenchCommand {
     /// with 1 and 64 clients, and the contended handoff with 8 clients.
     Server(server::ServerBenchArgs),
     /// Every correctness-lock backend side by side in one run (Palisade 1 and 3
-    /// nodes, ZooKeeper 3, etcd 3, PostgreSQL; or `--backend URL,…`): the same
+    /// nodes, ZooKeeper 1 and 3, etcd 3, PostgreSQL; or `--backend URL,…`): the same
     /// rows as `bench server`.
     Lock(locks::LockBenchArgs),
     /// One node holding many sessions (and locks): CreateSession and keep-alive
