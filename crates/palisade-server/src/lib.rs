@@ -19,6 +19,7 @@
 //! Log indices only grow and a committed entry is never removed, so a token is
 //! never issued twice — across crashes and restarts of any or all nodes.
 
+pub mod leader_check;
 pub mod leases;
 pub mod network;
 pub mod node;

@@ -22,6 +22,7 @@ use palisade_proto::v1::*;
 use palisade_proto::{ErrorCode, LEADER_KEY};
 use tonic::{Request, Response, Status};
 
+use crate::leader_check::LeaderCheck;
 use crate::leases::{KeepAliveError, LeaseKeeper};
 use crate::proposer::{ProposeError, Proposer};
 use crate::security::{Caller, Gatekeeper, new_session_key, same_secret, session_key_digest};
@@ -44,6 +45,8 @@ pub struct Api {
     /// in that term, reads wait until that index is applied.
     read_floor: (u64, u64),
     read_floor_reached: Arc<std::sync::atomic::AtomicBool>,
+    /// Leadership confirmations shared by concurrent keep-alives and reads.
+    leader_check: LeaderCheck,
     gatekeeper: Arc<Gatekeeper>,
 }
 
@@ -59,6 +62,7 @@ impl Api {
         gatekeeper: Arc<Gatekeeper>,
     ) -> Self {
         Api {
+            leader_check: LeaderCheck::new(raft.clone()),
             raft,
             proposer,
             shared,
@@ -162,7 +166,7 @@ impl Api {
     /// Confirms with a quorum that this node is still the leader, and waits until
     /// everything committed before now is applied.
     async fn linearize(&self) -> Result<(), Status> {
-        match self.raft.ensure_linearizable().await {
+        match self.leader_check.confirm().await {
             Ok(_) => {}
             Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
                 return Err(self.not_leader(f.leader_id));
