@@ -93,7 +93,7 @@ fn bench_scale_reports_one_object_with_the_documented_fields() {
             "300",
         ])
         .args(["--callers", "8", "--keepalive-duration", "300ms"])
-        .args(["--expiring", "50", "--expiring-ttl", "1s"])
+        .args(["--expiring", "50", "--expiring-ttl", "5s"])
         .output()
         .expect("run palisade bench scale");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -44,8 +44,9 @@ pub struct ScaleBenchArgs {
     /// at once (0: skip). Counted within `--sessions`' limit of 100,000 live.
     #[arg(long, default_value_t = 0)]
     expiring: usize,
-    /// The TTL of the expiring sessions.
-    #[arg(long, default_value = "3s", value_parser = duration_arg)]
+    /// The TTL of the expiring sessions: longer than creating them all takes
+    /// (the bench refuses to report otherwise).
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     expiring_ttl: Duration,
     /// Print one JSON object instead of the table.
     #[arg(long)]
@@ -297,12 +298,14 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Creates `a.expiring` sessions of `a.expiring_ttl`, each taking one lock, and
-/// sends them no keep-alive. Waiters (on long-lived sessions) queue for a sample
-/// of those locks; each grant is timed from its session's TTL running out on this
-/// process's clock (the server starts a session's countdown after it answers
-/// the create, so this can only overstate the delay). Meanwhile other clients
-/// acquire and release locks of their own.
+/// Creates `a.expiring` sessions of `a.expiring_ttl`, each taking one lock,
+/// then sends each one keep-alive as fast as it can — so that their countdowns
+/// all restart within a moment and they expire together — and no more.
+/// Waiters (on long-lived sessions) queue for a sample of those locks; each
+/// grant is timed from its session's TTL running out, counted from when its
+/// last keep-alive was *sent* on this process's clock (the server restarts the
+/// countdown on receipt, so this can only overstate the delay). Meanwhile other
+/// clients acquire and release locks of their own.
 async fn expire_together(
     channels: &[Channel],
     live: &Arc<Vec<Session>>,
@@ -327,19 +330,51 @@ async fn expire_together(
                     })
                     .await?
                     .into_inner();
-                let created = Instant::now();
                 client
                     .acquire(AcquireRequest {
                         session_id: reply.session_id,
                         name: format!("expire/{i}"),
                         wait_ms: 0,
                         lock_delay_ms: 0,
-                        session_key: reply.session_key,
+                        session_key: reply.session_key.clone(),
                     })
                     .await?;
-                mine.push((i, created));
+                mine.push((i, reply.session_id, reply.session_key));
             }
             anyhow::Ok(mine)
+        }));
+    }
+    let mut expiring = Vec::with_capacity(a.expiring);
+    for t in tasks {
+        expiring.extend(t.await??);
+    }
+    // One keep-alive each, all at once: their countdowns restart together.
+    let expiring = Arc::new(expiring);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..a.callers {
+        let mut client = LocksClient::new(channels[c % channels.len()].clone());
+        let (next, expiring) = (next.clone(), expiring.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut sent = Vec::new();
+            loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some((i, id, key)) = expiring.get(k) else {
+                    break;
+                };
+                let at = Instant::now();
+                client
+                    .keep_alive(KeepAliveRequest {
+                        session_id: *id,
+                        session_key: key.clone(),
+                    })
+                    .await
+                    .context(
+                        "an expiring session ended before all were created: raise --expiring-ttl",
+                    )?;
+                sent.push((*i, at));
+            }
+            anyhow::Ok(sent)
         }));
     }
     let mut created = vec![Instant::now(); a.expiring];
@@ -359,6 +394,11 @@ async fn expire_together(
         let (id, key) = (s.id, s.key.clone());
         let mut client = LocksClient::new(channels[k % channels.len()].clone());
         waiters.push(tokio::spawn(async move {
+            // A waiter that asks after the TTL ran out would time nothing.
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the expiring sessions' TTL ran out before the waiters queued: raise --expiring-ttl"
+            );
             client
                 .acquire(AcquireRequest {
                     session_id: id,
