@@ -19,9 +19,11 @@
 //! LOCK                          held (flock) while a process has the log open
 //! 00000000000000000001.wal      segments, by sequence number, oldest first
 //!
-//! segment = MAGIC (8 bytes: b"PLSDWAL" + format version) record* zeros
+//! segment = MAGIC (8 bytes: b"PLSDWAL" + format version) batch* zeros
+//! batch   = record* commit           (one `write` + `fdatasync` each)
 //! record  = body length u32 (> 0) | CRC-32 of body u32 | body
 //! body    = kind u8 | payload
+//! commit  = a record of kind 6: b"PLSDCMIT" | batch number u64
 //! ```
 //!
 //! Every segment starts with the vote, the committed log id and the purged log id
@@ -30,9 +32,14 @@
 //! renamed from `.tmp`) only once its header is on disk.
 //!
 //! A crash can leave a torn batch at the end of the last segment: it was never
-//! acknowledged (acknowledgement follows `fdatasync`), so replay stops before it
-//! and the tail is zeroed before anything new is written there. A bad record
-//! anywhere else is corruption: [`Wal::open`] refuses to start.
+//! acknowledged (acknowledgement follows `fdatasync`), so replay keeps only
+//! records followed by their batch's commit, and the tail is zeroed before
+//! anything new is written there. Damage anywhere else is corruption and
+//! [`Wal::open`] refuses to start: a bad record in a complete segment, or a bad
+//! record in the last one that is followed by the commit of a later batch than
+//! the one being written when the crash came (a torn batch's own commit may
+//! have reached the disk without the rest of it). Format 1 (no commits, every
+//! record stands alone) is still read.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -41,7 +48,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// The first bytes of every segment; the last byte is the format version.
-const MAGIC: &[u8; 8] = b"PLSDWAL\x01";
+const MAGIC: &[u8; 8] = b"PLSDWAL\x02";
+/// Format 1: the same records without batch commits.
+const MAGIC_V1: &[u8; 8] = b"PLSDWAL\x01";
+/// Opens the payload of a commit record, so that one can be found by its bytes.
+const COMMIT_MAGIC: &[u8; 8] = b"PLSDCMIT";
+/// The body length of a commit record: kind, magic, batch number.
+const COMMIT_BODY: usize = 1 + 8 + 8;
 /// The size of a segment (a larger batch gets a larger segment).
 const SEGMENT_BYTES: u64 = 64 << 20;
 /// The size of a new log's first segment: small, so that a fresh node (or a
@@ -57,6 +70,7 @@ const KIND_TRUNCATE_FROM: u8 = 2;
 const KIND_VOTE: u8 = 3;
 const KIND_COMMITTED: u8 = 4;
 const KIND_PURGED: u8 = 5;
+const KIND_COMMIT: u8 = 6;
 
 /// One durable operation on the log, as written and as replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +161,70 @@ impl Record {
     }
 }
 
+/// Appends the commit record of batch `batch`.
+fn encode_commit(buf: &mut Vec<u8>, batch: u64) {
+    let mut body = [0u8; COMMIT_BODY];
+    body[0] = KIND_COMMIT;
+    body[1..9].copy_from_slice(COMMIT_MAGIC);
+    body[9..].copy_from_slice(&batch.to_le_bytes());
+    buf.extend_from_slice(&(COMMIT_BODY as u32).to_le_bytes());
+    buf.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    buf.extend_from_slice(&body);
+}
+
+/// The batch number of a commit record's body.
+fn decode_commit(body: &[u8]) -> Option<u64> {
+    (body.len() == COMMIT_BODY && body[0] == KIND_COMMIT && &body[1..9] == COMMIT_MAGIC)
+        .then(|| u64::from_le_bytes(body[9..].try_into().expect("8 bytes")))
+}
+
+/// One record read back: a log record or a batch's commit.
+enum Read {
+    Record(Record),
+    Commit(u64),
+}
+
+/// Reads the record at `pos` of `data`: what it is and where the next begins.
+/// `None` at zeros (the end) or at a record that is cut short, fails its CRC or
+/// is of an unknown kind.
+fn read_at(data: &[u8], pos: usize) -> Option<(Read, usize)> {
+    let header = data.get(pos..pos + RECORD_HEADER)?;
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    if len == 0 {
+        return None;
+    }
+    let body = data.get(pos + RECORD_HEADER..pos + RECORD_HEADER + len)?;
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    let read = match decode_commit(body) {
+        Some(batch) => Read::Commit(batch),
+        None => Read::Record(Record::decode(body)?),
+    };
+    Some((read, pos + RECORD_HEADER + len))
+}
+
+/// The highest batch number of an intact commit record anywhere in `data`.
+fn last_commit_in(data: &[u8]) -> Option<u64> {
+    let mut best = None;
+    let mut from = 0;
+    while let Some(found) = find(&data[from..], COMMIT_MAGIC) {
+        let magic_at = from + found;
+        if let Some(start) = magic_at.checked_sub(RECORD_HEADER + 1)
+            && let Some((Read::Commit(batch), _)) = read_at(data, start)
+        {
+            best = best.max(Some(batch));
+        }
+        from = magic_at + 1;
+    }
+    best
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
 /// The latest vote, committed and purged records: what a new segment starts with.
 #[derive(Default)]
 struct Meta {
@@ -188,6 +266,8 @@ pub struct Wal {
     offset: u64,
     capacity: u64,
     meta: Meta,
+    /// The number of the last batch written (commits count up across segments).
+    batch: u64,
     buf: Vec<u8>,
     /// The next segment, being zero-filled in the background.
     spare: Option<std::thread::JoinHandle<io::Result<File>>>,
@@ -274,56 +354,67 @@ impl Wal {
         let mut segments = VecDeque::new();
         let mut meta = Meta::default();
         let mut tail = None;
+        let mut batch = 0;
         for (i, &seq) in seqs.iter().enumerate() {
             let last = i + 1 == seqs.len();
             let path = segment_path(dir, seq);
             let data = std::fs::read(&path)?;
-            if data.get(..MAGIC.len()) != Some(MAGIC) {
+            let v1 = data.get(..MAGIC.len()) == Some(MAGIC_V1);
+            if data.get(..MAGIC.len()) != Some(MAGIC) && !v1 {
                 return Err(invalid(format!(
-                    "{} is not a Palisade log segment of format {} (written by another \
-                     version, or corrupt); refusing to start rather than misread it",
+                    "{} is not a Palisade log segment of format {} or 1 (written by \
+                     another version, or corrupt); refusing to start rather than misread it",
                     path.display(),
                     MAGIC[7]
                 )));
             }
-            let mut pos = MAGIC.len();
             let mut max_index = None;
-            let end = loop {
-                let Some(header) = data.get(pos..pos + RECORD_HEADER) else {
-                    break pos;
+            let mut pending = Vec::new();
+            let mut pos = MAGIC.len();
+            let mut end = pos;
+            while let Some((read, next)) = read_at(&data, pos) {
+                // In format 1 every record stood alone; now a batch counts
+                // only once its commit is read.
+                let commits = match read {
+                    Read::Record(record) => {
+                        pending.push(record);
+                        v1
+                    }
+                    Read::Commit(n) => {
+                        batch = batch.max(n);
+                        true
+                    }
                 };
-                let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-                let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-                if len == 0 {
-                    break pos;
-                }
-                let body = data.get(pos + RECORD_HEADER..pos + RECORD_HEADER + len);
-                let record = body
-                    .filter(|b| crc32fast::hash(b) == crc)
-                    .and_then(Record::decode);
-                match record {
-                    Some(record) => {
+                if commits {
+                    for record in pending.drain(..) {
                         if let Record::Entry { index, .. } = record {
                             max_index = max_index.max(Some(index));
                         }
                         meta.note(&record);
                         records.push(record);
-                        pos += RECORD_HEADER + len;
                     }
-                    None if last => break pos,
-                    None => {
-                        return Err(invalid(format!(
-                            "{}: bad record at byte {pos} in a segment that was complete \
-                             (disk corruption); refusing to start",
-                            path.display()
-                        )));
-                    }
+                    end = next;
                 }
-            };
+                pos = next;
+            }
+            let clean_end = pending.is_empty() && data[end..].iter().all(|&b| b == 0);
+            if !last && !clean_end {
+                return Err(invalid(format!(
+                    "{}: damaged at byte {end} in a segment that was complete (disk \
+                     corruption); refusing to start",
+                    path.display()
+                )));
+            }
+            if last && !clean_end && last_commit_in(&data[end..]).is_some_and(|n| n > batch + 1) {
+                return Err(invalid(format!(
+                    "{}: damaged at byte {end}, before batches that were acknowledged \
+                     (disk corruption); refusing to start",
+                    path.display()
+                )));
+            }
             segments.push_back(Segment { seq, max_index });
             if last {
-                let dirty_tail = data[end..].iter().any(|&b| b != 0);
-                tail = Some((path, end as u64, data.len() as u64, dirty_tail));
+                tail = Some((path, end as u64, data.len() as u64, !clean_end));
             }
         }
 
@@ -355,6 +446,7 @@ impl Wal {
                     offset: end,
                     capacity: len,
                     meta,
+                    batch,
                     buf: Vec::new(),
                     spare: None,
                     _lock: lock,
@@ -362,7 +454,7 @@ impl Wal {
             }
             None => {
                 let file = zero_filled(&dir.join(SPARE), FIRST_SEGMENT_BYTES)?;
-                let (offset, capacity) = install_segment(dir, 1, &file, &meta)?;
+                let (offset, capacity) = install_segment(dir, 1, &file, &meta, batch)?;
                 segments.push_back(Segment {
                     seq: 1,
                     max_index: None,
@@ -374,6 +466,7 @@ impl Wal {
                     offset,
                     capacity,
                     meta,
+                    batch,
                     buf: Vec::new(),
                     spare: None,
                     _lock: lock,
@@ -401,11 +494,13 @@ impl Wal {
                 max_index = max_index.max(Some(*index));
             }
         }
+        encode_commit(&mut self.buf, self.batch + 1);
         if self.offset + self.buf.len() as u64 > self.capacity {
             self.rotate()?;
         }
         self.file.write_all_at(&self.buf, self.offset)?;
         self.file.sync_data()?;
+        self.batch += 1;
         self.offset += self.buf.len() as u64;
         let current = self.segments.back_mut().expect("a current segment");
         current.max_index = current.max_index.max(max_index);
@@ -435,7 +530,7 @@ impl Wal {
             Some(file) => file,
             None => zero_filled(&self.dir.join(SPARE), SEGMENT_BYTES.max(needed))?,
         };
-        let (offset, capacity) = install_segment(&self.dir, seq, &file, &self.meta)?;
+        let (offset, capacity) = install_segment(&self.dir, seq, &file, &self.meta, self.batch)?;
         self.file = file;
         self.offset = offset;
         self.capacity = capacity;
@@ -485,9 +580,15 @@ impl Wal {
 }
 
 /// Makes the zero-filled `file` (at `SPARE`) segment `seq`: writes its header
-/// (magic and `meta`), syncs it and gives it its name. Returns the write offset
-/// and the capacity.
-fn install_segment(dir: &Path, seq: u64, file: &File, meta: &Meta) -> io::Result<(u64, u64)> {
+/// (magic and `meta`, committed as batch `batch` again), syncs it and gives it
+/// its name. Returns the write offset and the capacity.
+fn install_segment(
+    dir: &Path,
+    seq: u64,
+    file: &File,
+    meta: &Meta,
+    batch: u64,
+) -> io::Result<(u64, u64)> {
     let mut header = MAGIC.to_vec();
     for record in [&meta.vote, &meta.committed, &meta.purged]
         .into_iter()
@@ -495,6 +596,7 @@ fn install_segment(dir: &Path, seq: u64, file: &File, meta: &Meta) -> io::Result
     {
         record.encode_into(&mut header);
     }
+    encode_commit(&mut header, batch);
     file.write_all_at(&header, 0)?;
     file.sync_data()?;
     std::fs::rename(dir.join(SPARE), segment_path(dir, seq))?;
@@ -581,6 +683,87 @@ mod tests {
         }
         let (_, replayed) = Wal::open(dir.path()).unwrap();
         assert_eq!(replayed, vec![entry(1), entry(9)]);
+    }
+
+    #[test]
+    fn damage_before_acknowledged_batches_in_the_last_segment_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let first_body_at;
+        {
+            let (mut wal, _) = Wal::open(dir.path()).unwrap();
+            first_body_at = wal.offset + RECORD_HEADER as u64 + 3;
+            for i in 1..=3 {
+                wal.write(&[entry(i)]).unwrap();
+            }
+        }
+        // Batches 2 and 3 were acknowledged after batch 1: damage to batch 1 is
+        // not a torn write, and dropping 1–3 would lose acknowledged entries.
+        let file = OpenOptions::new()
+            .write(true)
+            .open(segment_path(dir.path(), 1))
+            .unwrap();
+        file.write_all_at(b"X", first_body_at).unwrap();
+        drop(file);
+        let err = Wal::open(dir.path()).err().expect("refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("acknowledged"), "{err}");
+    }
+
+    #[test]
+    fn a_torn_batch_is_dropped_even_when_its_commit_reached_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let end;
+        {
+            let (mut wal, _) = Wal::open(dir.path()).unwrap();
+            wal.write(&[entry(1)]).unwrap();
+            end = wal.offset;
+        }
+        // Batch 2 = [entry 2, entry 3, commit 2]: the sector with entry 2's
+        // header was lost, the one with the commit was not.
+        let mut torn = Vec::new();
+        entry(2).encode_into(&mut torn);
+        entry(3).encode_into(&mut torn);
+        encode_commit(&mut torn, 2);
+        torn[..RECORD_HEADER].fill(0);
+        let file = OpenOptions::new()
+            .write(true)
+            .open(segment_path(dir.path(), 1))
+            .unwrap();
+        file.write_all_at(&torn, end).unwrap();
+        drop(file);
+        let (_, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(replayed, vec![entry(1)]);
+    }
+
+    #[test]
+    fn a_format_1_log_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        // Format 1: magic, then records standing alone, no commits.
+        let mut data = MAGIC_V1.to_vec();
+        for record in [Record::Vote(b"v".to_vec()), entry(1), entry(2)] {
+            record.encode_into(&mut data);
+        }
+        data.resize(4096, 0);
+        std::fs::write(segment_path(dir.path(), 1), &data).unwrap();
+        {
+            let (mut wal, replayed) = Wal::open(dir.path()).unwrap();
+            assert_eq!(
+                replayed,
+                vec![Record::Vote(b"v".to_vec()), entry(1), entry(2)]
+            );
+            // Appending goes on in a new segment of the current format.
+            wal.rotate().unwrap();
+            wal.write(&[entry(3)]).unwrap();
+        }
+        let (_, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(replayed.last(), Some(&entry(3)));
+        assert_eq!(
+            replayed
+                .iter()
+                .filter(|r| matches!(r, Record::Entry { .. }))
+                .count(),
+            3
+        );
     }
 
     #[test]
