@@ -112,4 +112,17 @@ fn a_log_in_the_older_redb_format_is_moved_and_loads() {
         let indices: Vec<u64> = back.iter().map(|e| e.log_id.index).collect();
         assert_eq!(indices, vec![4, 5, 6, 7]);
     });
+    // A crash between the move's rename and the old file's deletion leaves both:
+    // the next start keeps the moved log and finishes the deletion.
+    std::fs::write(&legacy, b"left over").unwrap();
+    // The first store's writer thread may still hold the log's lock a moment.
+    let reopened = (0..3000)
+        .find_map(|_| {
+            LogStore::open(dir.path())
+                .inspect_err(|_| std::thread::sleep(std::time::Duration::from_millis(10)))
+                .ok()
+        })
+        .expect("the log opens again");
+    assert!(!legacy.exists());
+    assert_eq!(reopened.last_index(), 7);
 }

@@ -113,6 +113,11 @@ impl LogStore {
             migrate_from_redb(&legacy, data_dir)?;
         }
         let (wal, records) = Wal::open(&wal_dir)?;
+        if legacy.exists() {
+            // The write-ahead log appears only by the move's final rename, so a
+            // redb log beside it is one whose deletion a crash interrupted.
+            std::fs::remove_file(&legacy)?;
+        }
         let mut mem = Mem::default();
         for record in records {
             mem.replay(record)?;
