@@ -418,7 +418,7 @@ impl Wal {
             }
         }
 
-        let mut wal = match tail {
+        let (file, offset, capacity) = match tail {
             Some((path, end, len, dirty_tail)) => {
                 let file = OpenOptions::new().read(true).write(true).open(&path)?;
                 if dirty_tail {
@@ -439,18 +439,7 @@ impl Wal {
                         "erased the torn end of the log left by a crash (never acknowledged)"
                     );
                 }
-                Wal {
-                    dir: dir.to_path_buf(),
-                    segments,
-                    file,
-                    offset: end,
-                    capacity: len,
-                    meta,
-                    batch,
-                    buf: Vec::new(),
-                    spare: None,
-                    _lock: lock,
-                }
+                (file, end, len)
             }
             None => {
                 let file = zero_filled(&dir.join(SPARE), FIRST_SEGMENT_BYTES)?;
@@ -459,21 +448,21 @@ impl Wal {
                     seq: 1,
                     max_index: None,
                 });
-                Wal {
-                    dir: dir.to_path_buf(),
-                    segments,
-                    file,
-                    offset,
-                    capacity,
-                    meta,
-                    batch,
-                    buf: Vec::new(),
-                    spare: None,
-                    _lock: lock,
-                }
+                (file, offset, capacity)
             }
         };
-        wal.buf.reserve(64 << 10);
+        let wal = Wal {
+            dir: dir.to_path_buf(),
+            segments,
+            file,
+            offset,
+            capacity,
+            meta,
+            batch,
+            buf: Vec::with_capacity(64 << 10),
+            spare: None,
+            _lock: lock,
+        };
         Ok((wal, records))
     }
 
