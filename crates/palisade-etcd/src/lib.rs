@@ -121,10 +121,17 @@ impl Members {
         loop {
             match tokio::time::timeout(self.rpc_timeout, rpc(self.pick())).await {
                 Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                // `Cancelled` is what a request gets when its connection closes
+                // under it: a transport failure like the others. Every call here
+                // may be repeated (`create_key` recognises its own create; a
+                // repeated lease grant leaves an unused lease that expires).
                 Ok(Err(s))
                     if matches!(
                         s.code(),
-                        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+                        tonic::Code::Unavailable
+                            | tonic::Code::Unknown
+                            | tonic::Code::Internal
+                            | tonic::Code::Cancelled
                     ) =>
                 {
                     last = format!("{}: {}", s.code(), s.message());
