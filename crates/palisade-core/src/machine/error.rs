@@ -129,9 +129,20 @@ pub struct InvariantViolation(pub String);
 /// Why bytes could not be turned back into a [`LockMachine`](super::LockMachine).
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    /// Not a snapshot of this state machine's format.
+    /// Starts like a snapshot of format 2 or later but ends before its format.
+    #[error("lock state snapshot truncated before its format number")]
+    Truncated,
+    /// A format this version does not know (written by a newer version?).
+    #[error(
+        "lock state snapshot of format {0}, which this version cannot read (written by a newer version?)"
+    )]
+    UnknownFormat(u32),
+    /// Not a snapshot of the compact format it claims to be.
     #[error("cannot decode lock state snapshot: {0}")]
-    Decode(#[from] serde_json::Error),
+    Decode(#[from] postcard::Error),
+    /// Not a snapshot of the JSON format of earlier versions (format 1).
+    #[error("cannot decode lock state snapshot (JSON, format 1): {0}")]
+    DecodeJson(#[from] serde_json::Error),
     /// Decodes, but describes a state `apply` could never have produced (corruption
     /// or a bug); loading it would let replicas diverge.
     #[error(transparent)]

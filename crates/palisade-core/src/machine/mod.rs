@@ -46,6 +46,7 @@
 mod apply;
 mod command;
 mod error;
+mod snapshot;
 mod state;
 mod view;
 mod wire;

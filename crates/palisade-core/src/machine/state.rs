@@ -1,11 +1,13 @@
 //! The replicated state itself, its snapshot form, and the invariants it keeps.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use imbl::OrdMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::command::{SessionId, SessionOwner};
-use super::error::{InvariantViolation, SnapshotError};
+use super::error::InvariantViolation;
 use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
 use super::{MAX_WAITERS_PER_LOCK, wire};
 use crate::FencingToken;
@@ -13,15 +15,17 @@ use crate::FencingToken;
 /// The whole lock state of a Palisade cluster, as every replica holds it.
 ///
 /// Ordered maps and queues only, so that two replicas with equal states also
-/// serialize to equal bytes.
+/// serialize to equal bytes. The two tables are persistent maps: a clone shares
+/// them and costs O(1), so a snapshot is taken from a clone without holding up
+/// the entries being applied meanwhile.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockMachine {
     /// Index of the last entry applied; every entry advances it, refused or not.
     pub(super) last_applied: u64,
-    pub(super) sessions: BTreeMap<SessionId, SessionState>,
+    pub(super) sessions: OrdMap<SessionId, SessionState>,
     /// Only locks that are held or in lock-delay: a free lock has no entry, which
     /// keeps the state from growing with every name ever used.
-    pub(super) locks: BTreeMap<String, LockState>,
+    pub(super) locks: OrdMap<String, LockState>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,24 +84,6 @@ impl LockMachine {
         self.last_applied
     }
 
-    /// The whole state, `last_applied` included, as JSON bytes for a Raft snapshot.
-    pub fn to_snapshot_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self)
-            .expect("lock state has only string-or-integer map keys and always serializes")
-    }
-
-    /// Restores a state written by [`to_snapshot_bytes`](Self::to_snapshot_bytes).
-    ///
-    /// # Errors
-    /// [`SnapshotError::Decode`] if the bytes are not such a snapshot,
-    /// [`SnapshotError::Inconsistent`] if they decode to a state that breaks an
-    /// invariant (see [`check_invariants`](Self::check_invariants)).
-    pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        let machine: Self = serde_json::from_slice(bytes)?;
-        machine.check_invariants()?;
-        Ok(machine)
-    }
-
     /// Verifies every structural invariant: each lock is held xor in lock-delay;
     /// holders and waiters are live sessions; no session waits twice for a lock or
     /// waits for one it holds; the per-session mirrors agree with the lock table;
@@ -114,18 +100,7 @@ impl LockMachine {
             return fail(format!("{} sessions", self.sessions.len()));
         }
         for (id, s) in &self.sessions {
-            if id.0 == 0 || id.0 > self.last_applied {
-                return fail(format!("session id {id} outside 1..={}", self.last_applied));
-            }
-            if crate::limits::validate_ttl(std::time::Duration::from_millis(s.ttl_ms)).is_err() {
-                return fail(format!("session {id} has ttl {} ms", s.ttl_ms));
-            }
-            if s.label.len() > MAX_LABEL_LEN {
-                return fail(format!("session {id} label too long"));
-            }
-            if s.lock_count() > MAX_LOCKS_PER_SESSION {
-                return fail(format!("session {id} has {} locks", s.lock_count()));
-            }
+            self.check_session(*id, s)?;
             for name in &s.held {
                 let held = self.locks.get(name).and_then(|l| l.holder);
                 if held.map(|h| h.session) != Some(*id) {
@@ -136,27 +111,8 @@ impl LockMachine {
         }
         let mut waits_found = 0;
         for (name, lock) in &self.locks {
-            if crate::limits::validate_name(name).is_err() {
-                return fail(format!("invalid lock name {name:?}"));
-            }
-            if lock.holder.is_some() == lock.delay_since.is_some() {
-                return fail(format!(
-                    "lock {name:?} must be either held or in lock-delay"
-                ));
-            }
-            if lock.lock_delay_ms > MAX_LOCK_DELAY_MS {
-                return fail(format!(
-                    "lock {name:?} has lock-delay {}",
-                    lock.lock_delay_ms
-                ));
-            }
-            if lock.delay_since.is_some_and(|i| i > self.last_applied) {
-                return fail(format!("lock {name:?} lock-delay starts in the future"));
-            }
+            self.check_lock(name, lock)?;
             if let Some(h) = lock.holder {
-                if h.token.get() > self.last_applied {
-                    return fail(format!("lock {name:?} token {} from the future", h.token));
-                }
                 let mirrored = self
                     .sessions
                     .get(&h.session)
@@ -165,26 +121,7 @@ impl LockMachine {
                     return fail(format!("holder {} of {name:?} unknown", h.session));
                 }
             }
-            if lock.waiters.len() > MAX_WAITERS_PER_LOCK {
-                return fail(format!("lock {name:?} has {} waiters", lock.waiters.len()));
-            }
-            let mut seen = BTreeSet::new();
             for w in &lock.waiters {
-                if !seen.insert(w.session) {
-                    return fail(format!("session {} queued twice for {name:?}", w.session));
-                }
-                if lock.holder.is_some_and(|h| h.session == w.session) {
-                    return fail(format!(
-                        "session {} holds and waits for {name:?}",
-                        w.session
-                    ));
-                }
-                if w.lock_delay_ms > MAX_LOCK_DELAY_MS {
-                    return fail(format!(
-                        "waiter of {name:?} asks lock-delay {}",
-                        w.lock_delay_ms
-                    ));
-                }
                 let mirrored = self
                     .sessions
                     .get(&w.session)
@@ -199,6 +136,81 @@ impl LockMachine {
             return fail(format!(
                 "sessions claim {waits_claimed} waits but the queues hold {waits_found}"
             ));
+        }
+        Ok(())
+    }
+
+    /// The invariants of one session on its own (not its mirrors).
+    pub(super) fn check_session(
+        &self,
+        id: SessionId,
+        s: &SessionState,
+    ) -> Result<(), InvariantViolation> {
+        let fail = |msg: String| Err(InvariantViolation(msg));
+        if id.0 == 0 || id.0 > self.last_applied {
+            return fail(format!("session id {id} outside 1..={}", self.last_applied));
+        }
+        if crate::limits::validate_ttl(std::time::Duration::from_millis(s.ttl_ms)).is_err() {
+            return fail(format!("session {id} has ttl {} ms", s.ttl_ms));
+        }
+        if s.label.len() > MAX_LABEL_LEN {
+            return fail(format!("session {id} label too long"));
+        }
+        if s.lock_count() > MAX_LOCKS_PER_SESSION {
+            return fail(format!("session {id} has {} locks", s.lock_count()));
+        }
+        Ok(())
+    }
+
+    /// The invariants of one lock on its own (not the sessions' mirrors of it).
+    pub(super) fn check_lock(
+        &self,
+        name: &str,
+        lock: &LockState,
+    ) -> Result<(), InvariantViolation> {
+        let fail = |msg: String| Err(InvariantViolation(msg));
+        if crate::limits::validate_name(name).is_err() {
+            return fail(format!("invalid lock name {name:?}"));
+        }
+        if lock.holder.is_some() == lock.delay_since.is_some() {
+            return fail(format!(
+                "lock {name:?} must be either held or in lock-delay"
+            ));
+        }
+        if lock.lock_delay_ms > MAX_LOCK_DELAY_MS {
+            return fail(format!(
+                "lock {name:?} has lock-delay {}",
+                lock.lock_delay_ms
+            ));
+        }
+        if lock.delay_since.is_some_and(|i| i > self.last_applied) {
+            return fail(format!("lock {name:?} lock-delay starts in the future"));
+        }
+        if let Some(h) = lock.holder
+            && h.token.get() > self.last_applied
+        {
+            return fail(format!("lock {name:?} token {} from the future", h.token));
+        }
+        if lock.waiters.len() > MAX_WAITERS_PER_LOCK {
+            return fail(format!("lock {name:?} has {} waiters", lock.waiters.len()));
+        }
+        let mut seen = BTreeSet::new();
+        for w in &lock.waiters {
+            if !seen.insert(w.session) {
+                return fail(format!("session {} queued twice for {name:?}", w.session));
+            }
+            if lock.holder.is_some_and(|h| h.session == w.session) {
+                return fail(format!(
+                    "session {} holds and waits for {name:?}",
+                    w.session
+                ));
+            }
+            if w.lock_delay_ms > MAX_LOCK_DELAY_MS {
+                return fail(format!(
+                    "waiter of {name:?} asks lock-delay {}",
+                    w.lock_delay_ms
+                ));
+            }
         }
         Ok(())
     }
