@@ -208,6 +208,7 @@ fn forged_vote(term: u64, node: u64) -> RaftPayload {
     );
     RaftPayload {
         json: json.into_bytes(),
+        data: Vec::new(),
     }
 }
 
@@ -217,6 +218,7 @@ fn forged_append(term: u64, node: u64) -> RaftPayload {
     );
     RaftPayload {
         json: json.into_bytes(),
+        data: Vec::new(),
     }
 }
 

@@ -105,6 +105,61 @@ async fn single_node_tokens_increase_across_kill9_and_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarts_from_its_snapshot_with_every_holder_and_token() {
+    let mut node = PalisadeNode::single(bin()).unwrap();
+    let c = client(&[&node]).await;
+    let a = c.acquire("snap/a", &now_or_never()).await.unwrap();
+    let b = c.acquire("snap/b", &now_or_never()).await.unwrap();
+    let admin = Admin::new(&config(&[&node])).unwrap();
+    let taken = admin.take_snapshot().await.unwrap();
+    assert!(taken.index >= b.token().get(), "{taken:?}");
+    assert!(taken.bytes > 0, "{taken:?}");
+    let status = admin.status().await.unwrap();
+    let on_status = status.snapshot.expect("the status shows the snapshot");
+    assert_eq!(on_status.index, taken.index);
+    assert!(on_status.last_build.is_some());
+    // Entries after the snapshot come from the log on restart.
+    let after = take(&c, "snap/after").await;
+    assert!(after.get() > taken.index);
+
+    node.kill();
+    node.start().unwrap();
+    let admin = Admin::new(&config(&[&node])).unwrap();
+    let restored = eventually_ok(|| admin.status()).await;
+    assert_eq!(restored.snapshot.map(|s| s.index), Some(taken.index));
+    let held: Vec<(String, u64)> = eventually_ok(|| admin.list())
+        .await
+        .into_iter()
+        .filter_map(|l| Some((l.name, l.holder?.token.get())))
+        .collect();
+    assert_eq!(
+        held,
+        [
+            ("snap/a".to_owned(), a.token().get()),
+            ("snap/b".to_owned(), b.token().get())
+        ]
+    );
+    let next = take(&c, "snap/after").await;
+    assert!(next > after, "token {next} after {after}");
+}
+
+/// The first `Ok` of `call`, retried while the node starts.
+async fn eventually_ok<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let start = Instant::now();
+    loop {
+        match call().await {
+            Ok(v) => return v,
+            Err(e) if start.elapsed() > Duration::from_secs(60) => panic!("{e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_excludes_others_and_release_hands_over() {
     let node = PalisadeNode::single(bin()).unwrap();
     let (a, b) = (client(&[&node]).await, client(&[&node]).await);
@@ -654,6 +709,12 @@ async fn a_node_down_for_thousands_of_entries_catches_up() {
         },
     )
     .await;
+    // The entries it missed were compacted away: it caught up by a snapshot.
+    let s = lagging.status().await.unwrap();
+    assert!(
+        s.snapshot.is_some_and(|n| n.last_install.is_some()),
+        "no snapshot installed: {s:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

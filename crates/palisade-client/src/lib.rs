@@ -40,9 +40,9 @@ use palisade_proto::v1::cluster_client::ClusterClient;
 use palisade_proto::v1::locks_client::LocksClient;
 use palisade_proto::v1::{
     AcquireRequest, AddLearnerRequest, CancelAcquireRequest, ChangeMembershipRequest,
-    CheckTokenRequest, GetRequest, ListRequest, StatusRequest,
+    CheckTokenRequest, GetRequest, ListRequest, StatusRequest, TakeSnapshotRequest,
 };
-pub use types::{ClusterStatus, Holder, LockView, Member, SessionId};
+pub use types::{ClusterStatus, Holder, LockView, Member, SessionId, SnapshotInfo, TakenSnapshot};
 
 use connector::Connector;
 use session::Session;
@@ -461,6 +461,29 @@ impl Admin {
             })
             .await?;
         Ok(reply.log_index)
+    }
+
+    /// Has the node the call reaches (the leader, unless only one endpoint is
+    /// given) take a snapshot of its state now and compact its log; answers
+    /// once it is on disk.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn take_snapshot(&self) -> Result<TakenSnapshot, ClientError> {
+        let reply = self
+            .conn
+            .call(self.conn.retry_for, |ch| async move {
+                ClusterClient::new(ch)
+                    .take_snapshot(TakeSnapshotRequest {})
+                    .await
+            })
+            .await?;
+        Ok(TakenSnapshot {
+            id: reply.id,
+            index: reply.snapshot_index,
+            bytes: reply.bytes,
+            build: std::time::Duration::from_micros(reply.build_us),
+        })
     }
 
     /// Makes exactly `voters` the voting members (learners are promoted; members

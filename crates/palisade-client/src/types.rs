@@ -120,6 +120,34 @@ pub struct ClusterStatus {
     pub learners: Vec<Member>,
     /// Its Raft role (`Leader`, `Follower`, …).
     pub state: String,
+    /// Its current snapshot, if it has one.
+    pub snapshot: Option<SnapshotInfo>,
+}
+
+/// A snapshot taken on request ([`crate::Admin::take_snapshot`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TakenSnapshot {
+    /// The node that took it.
+    pub id: u64,
+    /// The last log index it covers.
+    pub index: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// How long building it took.
+    pub build: std::time::Duration,
+}
+
+/// A node's current snapshot and what its latest snapshots cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The last log index it covers.
+    pub index: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// The node's last build of a snapshot since it started.
+    pub last_build: Option<std::time::Duration>,
+    /// The node's last install of a snapshot sent by the leader since it started.
+    pub last_install: Option<std::time::Duration>,
 }
 
 impl From<v1::Member> for Member {
@@ -143,6 +171,12 @@ impl From<v1::StatusResponse> for ClusterStatus {
             members: s.members.into_iter().map(Member::from).collect(),
             learners: s.learners.into_iter().map(Member::from).collect(),
             state: s.state,
+            snapshot: (s.snapshot_index != 0).then(|| SnapshotInfo {
+                index: s.snapshot_index,
+                bytes: s.snapshot_bytes,
+                last_build: s.snapshot_build_us.map(std::time::Duration::from_micros),
+                last_install: s.snapshot_install_us.map(std::time::Duration::from_micros),
+            }),
         }
     }
 }

@@ -81,6 +81,7 @@ impl Peer {
         &mut self,
         kind: &'static str,
         req: &Req,
+        data: Vec<u8>,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, Node, RaftError<E>>>
     where
@@ -95,7 +96,7 @@ impl Peer {
             .as_mut()
             .ok_or_else(|| unreachable(format!("node {} has an unusable address", self.target)))?;
         let json = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut request = Request::new(RaftPayload { json });
+        let mut request = Request::new(RaftPayload { json, data });
         request.set_timeout(option.hard_ttl());
         let call = async {
             match kind {
@@ -121,18 +122,19 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        self.call("append", &rpc, &option).await
+        self.call("append", &rpc, Vec::new(), &option).await
     }
 
     async fn install_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        mut rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, Node, RaftError<InstallSnapshotError>>,
     > {
-        self.call("snapshot", &rpc, &option).await
+        let data = std::mem::take(&mut rpc.data);
+        self.call("snapshot", &rpc, data, &option).await
     }
 
     async fn vote(
@@ -140,7 +142,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        self.call("vote", &rpc, &option).await
+        self.call("vote", &rpc, Vec::new(), &option).await
     }
 }
 
@@ -214,13 +216,22 @@ fn sender<T>(req: &mut Request<T>) -> Result<Sender, Status> {
 }
 
 fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
-    serde_json::from_slice(&req.into_inner().json)
+    decode_json(&req.into_inner().json)
+}
+
+fn decode_json<T: DeserializeOwned>(json: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(json)
         .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
     serde_json::to_vec(value)
-        .map(|json| Response::new(RaftPayload { json }))
+        .map(|json| {
+            Response::new(RaftPayload {
+                json,
+                data: Vec::new(),
+            })
+        })
         .map_err(|e| Status::internal(e.to_string()))
 }
 
@@ -250,7 +261,11 @@ impl raft_server::Raft for RaftService {
         mut req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let sender = sender(&mut req)?;
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
+        let payload = req.into_inner();
+        let mut rpc: InstallSnapshotRequest<TypeConfig> = decode_json(&payload.json)?;
+        if !payload.data.is_empty() {
+            rpc.data = payload.data;
+        }
         self.check
             .same_sender(sender.node, rpc.vote.leader_id().voted_for())?;
         encode(&self.raft.install_snapshot(rpc).await)

@@ -185,7 +185,7 @@ pub async fn run(
         why: e.to_string(),
     };
     let log = LogStore::open(&config.data_dir).map_err(dir_err)?;
-    let sm = StateMachineStore::open(&config.data_dir.join("state.redb")).map_err(dir_err)?;
+    let sm = StateMachineStore::open(&config.data_dir).map_err(dir_err)?;
     let shared = sm.shared();
     let raft_config = Config {
         cluster_name: "palisade".into(),
@@ -194,6 +194,10 @@ pub async fn run(
         election_timeout_max: 1200,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
         max_in_snapshot_log_to_keep: 100,
+        // Covers sending the last chunk and the follower installing the whole
+        // snapshot (about 2 s for a million locks); openraft's 200 ms would
+        // make a large install time out and start over, forever.
+        install_snapshot_timeout: 30_000,
         ..Config::default()
     }
     .validate()

@@ -597,6 +597,7 @@ impl Locks for Api {
     ) -> Result<Response<StatusResponse>, Status> {
         let _caller = self.gatekeeper.admit(&req)?;
         let m = self.raft.metrics().borrow().clone();
+        let snapshot = *self.shared.snapshot_stats.lock().expect("poisoned");
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let member = |(id, n): (&NodeId, &NodeAddr)| Member {
@@ -621,12 +622,70 @@ impl Locks for Api {
                 .map(member)
                 .collect(),
             state: format!("{:?}", m.state).to_lowercase(),
+            snapshot_index: snapshot.index,
+            snapshot_bytes: snapshot.bytes,
+            snapshot_build_us: snapshot.build.map(|d| d.as_micros() as u64),
+            snapshot_install_us: snapshot.install.map(|d| d.as_micros() as u64),
         }))
     }
 }
 
 #[tonic::async_trait]
 impl Cluster for Api {
+    async fn take_snapshot(
+        &self,
+        req: Request<TakeSnapshotRequest>,
+    ) -> Result<Response<TakeSnapshotResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
+        caller.may_administer()?;
+        let unavailable = |e: &dyn std::fmt::Display| ErrorCode::Unavailable.status(e.to_string());
+        // Everything applied when asked must be in the snapshot that answers.
+        let wanted = self
+            .shared
+            .last_applied
+            .read()
+            .expect("poisoned")
+            .map_or(0, |l| l.index);
+        let builds_before = self.shared.snapshot_stats.lock().expect("poisoned").builds;
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let shared = self.shared.clone();
+        let covers = |stats: &crate::store::sm::SnapshotStats| {
+            stats.index >= wanted && stats.builds > builds_before
+        };
+        // A build already under way when asked may end short of `wanted`:
+        // ask again until one covers it.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+        let mut asked_at = tokio::time::Instant::now();
+        loop {
+            let stats = *shared.snapshot_stats.lock().expect("poisoned");
+            if covers(&stats) {
+                return Ok(Response::new(TakeSnapshotResponse {
+                    id: self.raft.metrics().borrow().id,
+                    snapshot_index: stats.index,
+                    bytes: stats.bytes,
+                    build_us: stats.build.map_or(0, |d| d.as_micros() as u64),
+                }));
+            }
+            let now = tokio::time::Instant::now();
+            if now > deadline {
+                return Err(unavailable(&"no snapshot was built within 120 s"));
+            }
+            if now - asked_at > std::time::Duration::from_secs(5) {
+                self.raft
+                    .trigger()
+                    .snapshot()
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                asked_at = now;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     async fn add_learner(
         &self,
         req: Request<AddLearnerRequest>,

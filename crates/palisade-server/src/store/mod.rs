@@ -1,7 +1,9 @@
 //! Durable state: the Raft log and vote ([`log::LogStore`], in Palisade's own
 //! write-ahead log, [`wal`]) and the state machine with its snapshots
-//! ([`sm::StateMachineStore`], in redb), under the data directory.
+//! ([`sm::StateMachineStore`], its snapshot in [`snapshot`]), under the data
+//! directory.
 
 pub mod log;
 pub mod sm;
+pub mod snapshot;
 pub mod wal;
