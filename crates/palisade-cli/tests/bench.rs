@@ -110,6 +110,18 @@ fn bench_scale_reports_one_object_with_the_documented_fields() {
     // Present (a waiter was granted each sampled lock); how fast is not judged.
     assert!(r["expired_locks_free_after_ttl_ms"].is_u64(), "{r}");
     assert!(r["acquire_p99_during_expiry_us"].is_u64(), "{r}");
+    // A snapshot was built and a new learner caught up (from the snapshot if
+    // the log was already compacted when it was added, else from the log).
+    for f in [
+        "snapshot_bytes",
+        "snapshot_build_ms",
+        "snapshot_install_ms",
+        "acquire_p99_us",
+        "acquire_p99_during_snapshot_us",
+    ] {
+        assert!(r[f].is_u64(), "{f} in {r}");
+    }
+    assert!(r["snapshot_bytes"].as_u64() > Some(300 * 8), "{r}");
     for f in [
         "create_session_per_s",
         "keepalive_per_s",

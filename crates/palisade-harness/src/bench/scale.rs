@@ -15,8 +15,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use palisade_proto::v1::cluster_client::ClusterClient;
 use palisade_proto::v1::locks_client::LocksClient;
-use palisade_proto::v1::{AcquireRequest, CreateSessionRequest, KeepAliveRequest};
+use palisade_proto::v1::{
+    AcquireRequest, AddLearnerRequest, CreateSessionRequest, KeepAliveRequest, StatusRequest,
+    TakeSnapshotRequest,
+};
 use palisade_testkit::PalisadeNode;
 use serde::Serialize;
 use tonic::transport::Channel;
@@ -48,6 +52,9 @@ pub struct ScaleBenchArgs {
     /// (the bench refuses to report otherwise).
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
     expiring_ttl: Duration,
+    /// Skip the snapshot phase (build one, and install it on a new learner).
+    #[arg(long)]
+    no_snapshot: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -79,6 +86,24 @@ struct Scale {
     expired_locks_free_after_ttl_ms: Option<u64>,
     /// Meanwhile, other clients' acquire latency on locks of their own.
     acquire_p99_during_expiry_us: Option<u64>,
+    /// The snapshot the node took on request (`cluster snapshot`) with all
+    /// sessions and locks live: its size and build time (clone of the state,
+    /// encoding, file written and synced), as the node reports it.
+    snapshot_bytes: Option<u64>,
+    snapshot_build_ms: Option<u64>,
+    /// `cluster add-learner` of a new, empty node until it has caught up:
+    /// snapshot sent, received, decoded, installed and the log after it
+    /// replicated — what adding a follower costs at this size.
+    snapshot_install_ms: Option<u64>,
+    /// Of that, the learner's own install (decode to state in place); `null`
+    /// if it caught up from the log alone (a small state whose log was not yet
+    /// compacted when the learner was added).
+    snapshot_install_on_learner_ms: Option<u64>,
+    /// Acquire latency of 4 other clients (each acquiring and releasing a
+    /// lock of its own) while three snapshots are built one after the other,
+    /// and for as long again right after (`acquire_p99_us`).
+    acquire_p99_us: Option<u64>,
+    acquire_p99_during_snapshot_us: Option<u64>,
 }
 
 /// A live session: its id and key.
@@ -241,6 +266,13 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
     let keepalives = samples.len();
     let samples = samples.sorted();
 
+    let snapshot = if a.no_snapshot {
+        SnapshotFigures::default()
+    } else {
+        bar.set_message("snapshot: build and install on a new learner");
+        snapshot_phase(&exe, &channels, &sessions).await?
+    };
+
     let (free_after, during) = if a.expiring > 0 {
         bar.set_message("sessions expiring together");
         expire_together(&channels, &sessions, &a).await?
@@ -262,6 +294,12 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
         expiring: a.expiring,
         expired_locks_free_after_ttl_ms: free_after,
         acquire_p99_during_expiry_us: during,
+        snapshot_bytes: snapshot.bytes,
+        snapshot_build_ms: snapshot.build_ms,
+        snapshot_install_ms: snapshot.install_ms,
+        snapshot_install_on_learner_ms: snapshot.install_on_learner_ms,
+        acquire_p99_us: snapshot.acquire_p99_us,
+        acquire_p99_during_snapshot_us: snapshot.acquire_p99_during_us,
     };
     tokio::task::block_in_place(move || drop(node));
     if a.json {
@@ -286,6 +324,19 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
         );
         if let Some(r) = result.acquire_per_s {
             println!("acquires/s             {r}");
+        }
+        if let (Some(bytes), Some(build)) = (result.snapshot_bytes, result.snapshot_build_ms) {
+            println!(
+                "snapshot               {:.1} MiB, built in {build} ms; acquire p99 {} µs without, {} µs while building",
+                bytes as f64 / (1 << 20) as f64,
+                f(result.acquire_p99_us),
+                f(result.acquire_p99_during_snapshot_us)
+            );
+            println!(
+                "new learner            caught up in {} ms (its install {} ms)",
+                f(result.snapshot_install_ms),
+                f(result.snapshot_install_on_learner_ms)
+            );
         }
         if let Some(ms) = result.expired_locks_free_after_ttl_ms {
             println!(
@@ -413,15 +464,38 @@ async fn expire_together(
     }
     // Other clients keep working through the expiry.
     let stop = Instant::now() + a.expiring_ttl + Duration::from_secs(3);
+    let workers = probe_acquires(channels, live, 8, "during-expiry", move || {
+        Instant::now() >= stop
+    });
+    let mut worst = Duration::ZERO;
+    for w in waiters {
+        worst = worst.max(w.await??);
+    }
+    let during = workers.await?;
+    Ok((
+        Some(worst.as_millis() as u64),
+        during.sorted().percentile(99.0),
+    ))
+}
+
+/// `n` clients, each on one of the last live sessions, acquiring and releasing
+/// a lock of its own until `done()`; their acquire latencies.
+fn probe_acquires<D: Fn() -> bool + Clone + Send + 'static>(
+    channels: &[Channel],
+    live: &Arc<Vec<Session>>,
+    n: usize,
+    prefix: &str,
+    done: D,
+) -> impl std::future::Future<Output = Result<Samples>> + use<D> {
     let mut workers = Vec::new();
-    for c in 0..8.min(live.len()) {
+    for c in 0..n.min(live.len()) {
         let s = &live[live.len() - 1 - c];
         let (id, key) = (s.id, s.key.clone());
         let mut client = LocksClient::new(channels[c % channels.len()].clone());
+        let (name, done) = (format!("{prefix}/{c}"), done.clone());
         workers.push(tokio::spawn(async move {
             let mut samples = Samples::default();
-            let name = format!("during-expiry/{c}");
-            while Instant::now() < stop {
+            while !done() {
                 let t = Instant::now();
                 let token = client
                     .acquire(AcquireRequest {
@@ -447,18 +521,103 @@ async fn expire_together(
             anyhow::Ok(samples)
         }));
     }
-    let mut worst = Duration::ZERO;
-    for w in waiters {
-        worst = worst.max(w.await??);
+    async move {
+        let mut all = Samples::default();
+        for w in workers {
+            all.extend(w.await??);
+        }
+        Ok(all)
     }
-    let mut during = Samples::default();
-    for w in workers {
-        during.extend(w.await??);
+}
+
+/// What the snapshot phase measured.
+#[derive(Default)]
+struct SnapshotFigures {
+    bytes: Option<u64>,
+    build_ms: Option<u64>,
+    install_ms: Option<u64>,
+    install_on_learner_ms: Option<u64>,
+    acquire_p99_us: Option<u64>,
+    acquire_p99_during_us: Option<u64>,
+}
+
+/// Acquire latency while the node builds snapshots on request, and for as
+/// long without; then a new node is added as a learner and timed until it has
+/// caught up (the node's log is compacted by the snapshot, so it gets the
+/// snapshot).
+async fn snapshot_phase(
+    exe: &std::path::Path,
+    channels: &[Channel],
+    live: &Arc<Vec<Session>>,
+) -> Result<SnapshotFigures> {
+    const PROBES: usize = 4;
+    // Three snapshots in a row, so the window is long enough for a steady
+    // p99; the same load just before, for as long, is the baseline.
+    const BUILDS: usize = 3;
+    let building = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = building.clone();
+    let during = tokio::spawn(probe_acquires(
+        channels,
+        live,
+        PROBES,
+        "during-snapshot",
+        move || !flag.load(Ordering::Relaxed),
+    ));
+    let started = Instant::now();
+    let mut taken = None;
+    for _ in 0..BUILDS {
+        taken = Some(
+            ClusterClient::new(channels[0].clone())
+                .take_snapshot(TakeSnapshotRequest {})
+                .await
+                .context("taking a snapshot")?
+                .into_inner(),
+        );
     }
-    Ok((
-        Some(worst.as_millis() as u64),
-        during.sorted().percentile(99.0),
-    ))
+    let taken = taken.expect("BUILDS > 0");
+    building.store(false, Ordering::Relaxed);
+    let window = started.elapsed();
+    let during = during.await??.sorted();
+    let until = Instant::now() + window;
+    let before = probe_acquires(channels, live, PROBES, "before-snapshot", move || {
+        Instant::now() >= until
+    })
+    .await?
+    .sorted();
+
+    let exe = exe.to_owned();
+    let mut learner = tokio::task::block_in_place(move || -> Result<PalisadeNode> {
+        let mut learner = PalisadeNode::prepare(&exe, 2)?;
+        learner.set_args(&["--join"]);
+        learner.start()?;
+        Ok(learner)
+    })?;
+    let started = Instant::now();
+    ClusterClient::new(channels[0].clone())
+        .add_learner(AddLearnerRequest {
+            id: 2,
+            addr: learner.addr(),
+            peer_addr: learner.peer_addr(),
+        })
+        .await
+        .with_context(|| format!("adding a learner: {}", learner.log()))?;
+    let install_ms = started.elapsed().as_millis() as u64;
+    let on_learner = LocksClient::connect(format!("http://{}", learner.addr()))
+        .await?
+        .status(StatusRequest {})
+        .await?
+        .into_inner()
+        .snapshot_install_us
+        .map(|us| us / 1000);
+    tokio::task::block_in_place(move || learner.kill());
+    Ok(SnapshotFigures {
+        bytes: Some(taken.bytes),
+        build_ms: Some(taken.build_us / 1000),
+        install_ms: Some(install_ms),
+        install_on_learner_ms: on_learner,
+        acquire_p99_us: before.percentile(99.0),
+        acquire_p99_during_us: during.percentile(99.0),
+    })
 }
 
 /// The resident set size of process `pid`, from `/proc/PID/status`.
