@@ -137,3 +137,42 @@ fn bench_scale_reports_one_object_with_the_documented_fields() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn bench_server_rows_carry_the_leaders_commit_latency() {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["bench", "server", "--json", "--nodes", "1"])
+        .args(["--duration", "300ms", "--clients", "1", "--contenders", "2"])
+        .output()
+        .expect("run palisade bench server");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for r in &rows {
+        for f in [
+            "nodes",
+            "tls",
+            "clients",
+            "workload",
+            "acquire_p50_us",
+            "acquire_p99_us",
+            "pairs_per_s",
+            "handoff_p50_us",
+            "handoff_p99_us",
+            "pairs",
+        ] {
+            assert!(r.get(f).is_some(), "{f} missing in {r}");
+        }
+        assert!(r["pairs"].as_u64().unwrap() >= 1, "no work done: {r}");
+        // Entries were committed during the row, so the leader has a figure.
+        assert!(r["commit_p50_us"].as_u64().is_some_and(|us| us > 0), "{r}");
+    }
+}

@@ -122,6 +122,10 @@ pub struct ClusterStatus {
     pub state: String,
     /// Its current snapshot, if it has one.
     pub snapshot: Option<SnapshotInfo>,
+    /// Median and 99th percentile, over its last 1,024 batches of log
+    /// entries, of the time from appending a batch to applying it: on the
+    /// leader, the commit latency. `None` before any.
+    pub commit_latency: Option<(std::time::Duration, std::time::Duration)>,
 }
 
 /// A snapshot taken on request ([`crate::Admin::take_snapshot`]).
@@ -176,6 +180,12 @@ impl From<v1::StatusResponse> for ClusterStatus {
                 bytes: s.snapshot_bytes,
                 last_build: s.snapshot_build_us.map(std::time::Duration::from_micros),
                 last_install: s.snapshot_install_us.map(std::time::Duration::from_micros),
+            }),
+            commit_latency: s.commit_p50_us.zip(s.commit_p99_us).map(|(p50, p99)| {
+                (
+                    std::time::Duration::from_micros(p50),
+                    std::time::Duration::from_micros(p99),
+                )
             }),
         }
     }

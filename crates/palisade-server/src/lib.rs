@@ -2,8 +2,9 @@
 //! whose every grant carries a fencing token.
 //!
 //! # Design
-//! - [`store::log`]: the Raft log and vote in redb; an append is acknowledged only
-//!   after its fsync, and one fsync serves every entry that queued behind it.
+//! - [`store::log`]: the Raft log and vote in Palisade's own write-ahead log; an
+//!   append is acknowledged only after its fsync, and one fsync serves every
+//!   entry that queued behind it. [`store::snapshot`]: the state's snapshot file.
 //! - [`store::sm`]: applies entries to `palisade_core::machine::LockMachine` (pure,
 //!   deterministic) and pushes grants to local waiters.
 //! - [`leases`]: session countdowns on the leader's monotonic clock; expiry is a
@@ -19,6 +20,7 @@
 //! Log indices only grow and a committed entry is never removed, so a token is
 //! never issued twice — across crashes and restarts of any or all nodes.
 
+pub mod commit_clock;
 pub mod leader_check;
 pub mod leases;
 pub mod network;

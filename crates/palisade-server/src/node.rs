@@ -184,8 +184,13 @@ pub async fn run(
         dir: config.data_dir.clone(),
         why: e.to_string(),
     };
-    let log = LogStore::open(&config.data_dir).map_err(dir_err)?;
-    let sm = StateMachineStore::open(&config.data_dir).map_err(dir_err)?;
+    let commit_clock = Arc::new(crate::commit_clock::CommitClock::default());
+    let log = LogStore::open(&config.data_dir)
+        .map_err(dir_err)?
+        .with_commit_clock(commit_clock.clone());
+    let sm = StateMachineStore::open(&config.data_dir)
+        .map_err(dir_err)?
+        .with_commit_clock(commit_clock.clone());
     let shared = sm.shared();
     let raft_config = Config {
         cluster_name: "palisade".into(),
@@ -253,7 +258,8 @@ pub async fn run(
         Arc::new(move || committed_log.committed_index()),
         read_floor,
         gatekeeper.clone(),
-    );
+    )
+    .with_commit_clock(commit_clock);
     tracing::info!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
     let limits = config.security.limits;
     let builder = || {

@@ -48,6 +48,8 @@ pub struct Api {
     /// Leadership confirmations shared by concurrent keep-alives and reads.
     leader_check: LeaderCheck,
     gatekeeper: Arc<Gatekeeper>,
+    /// Append-to-applied times of this node's log, for `Status`.
+    commit_clock: Option<Arc<crate::commit_clock::CommitClock>>,
 }
 
 impl Api {
@@ -71,7 +73,15 @@ impl Api {
             read_floor,
             read_floor_reached: Arc::new(std::sync::atomic::AtomicBool::new(read_floor.1 == 0)),
             gatekeeper,
+            commit_clock: None,
         }
+    }
+
+    /// Reports `clock`'s percentiles in `Status`.
+    #[must_use]
+    pub fn with_commit_clock(mut self, clock: Arc<crate::commit_clock::CommitClock>) -> Self {
+        self.commit_clock = Some(clock);
+        self
     }
 
     fn owner_of(&self, session: SessionId) -> Option<SessionOwner> {
@@ -598,6 +608,12 @@ impl Locks for Api {
         let _caller = self.gatekeeper.admit(&req)?;
         let m = self.raft.metrics().borrow().clone();
         let snapshot = *self.shared.snapshot_stats.lock().expect("poisoned");
+        let commit = |p: f64| {
+            self.commit_clock
+                .as_ref()
+                .and_then(|c| c.percentile(p))
+                .map(|d| d.as_micros() as u64)
+        };
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let member = |(id, n): (&NodeId, &NodeAddr)| Member {
@@ -626,6 +642,8 @@ impl Locks for Api {
             snapshot_bytes: snapshot.bytes,
             snapshot_build_us: snapshot.build.map(|d| d.as_micros() as u64),
             snapshot_install_us: snapshot.install.map(|d| d.as_micros() as u64),
+            commit_p50_us: commit(50.0),
+            commit_p99_us: commit(99.0),
         }))
     }
 }

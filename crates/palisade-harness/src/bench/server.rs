@@ -78,6 +78,10 @@ struct Row {
     handoff_p50_us: Option<u64>,
     handoff_p99_us: Option<u64>,
     pairs: usize,
+    /// The leader's own figure at the end of the row: the median time from
+    /// appending a batch of entries to applying it, i.e. committing it, over
+    /// its last 1,024 batches (`null` if the leader does not report it).
+    commit_p50_us: Option<u64>,
 }
 
 /// Runs the benchmark; returns the exit status.
@@ -158,13 +162,29 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
         for &clients in &a.clients {
             bar.set_message(format!("{n} node(s), {clients} uncontended client(s)"));
             let m = locks::uncontended(sessions(target, clients).await?, a.duration).await?;
-            rows.push(row(n, target.tls.is_some(), clients, "uncontended", &m));
+            let commit = commit_p50(target).await;
+            rows.push(row(
+                n,
+                target.tls.is_some(),
+                clients,
+                "uncontended",
+                &m,
+                commit,
+            ));
             curves.push((format!("acquire, {n} node(s) ×{clients}"), m.acquire));
             bar.inc(1);
         }
         bar.set_message(format!("{n} node(s), {} contended clients", a.contenders));
         let m = locks::contended(sessions(target, a.contenders).await?, a.duration).await?;
-        rows.push(row(n, target.tls.is_some(), a.contenders, "contended", &m));
+        let commit = commit_p50(target).await;
+        rows.push(row(
+            n,
+            target.tls.is_some(),
+            a.contenders,
+            "contended",
+            &m,
+            commit,
+        ));
         curves.push((format!("handoff, {n} node(s) ×{}", a.contenders), m.handoff));
         bar.inc(1);
     }
@@ -231,7 +251,20 @@ async fn sessions(target: &Target, n: usize) -> Result<Vec<Box<dyn FencedLocks>>
     Ok(sessions)
 }
 
-fn row(nodes: u64, tls: bool, clients: usize, workload: &'static str, m: &Measured) -> Row {
+/// The leader's commit p50 as it reports it now, if it does.
+async fn commit_p50(target: &Target) -> Option<u64> {
+    let status = Admin::new(&config(target)).ok()?.status().await.ok()?;
+    status.commit_latency.map(|(p50, _)| p50.as_micros() as u64)
+}
+
+fn row(
+    nodes: u64,
+    tls: bool,
+    clients: usize,
+    workload: &'static str,
+    m: &Measured,
+    commit_p50_us: Option<u64>,
+) -> Row {
     let contended = workload == "contended";
     Row {
         nodes,
@@ -244,13 +277,14 @@ fn row(nodes: u64, tls: bool, clients: usize, workload: &'static str, m: &Measur
         handoff_p50_us: contended.then(|| m.handoff.percentile(50.0)).flatten(),
         handoff_p99_us: contended.then(|| m.handoff.percentile(99.0)).flatten(),
         pairs: m.pairs,
+        commit_p50_us,
     }
 }
 
 fn print_table(rows: &[Row]) {
     let f = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
     println!(
-        "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11}",
+        "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11} {:>10}",
         "nodes",
         "tls",
         "clients",
@@ -259,11 +293,12 @@ fn print_table(rows: &[Row]) {
         "acq_p99",
         "pairs/s",
         "handoff_p50",
-        "handoff_p99"
+        "handoff_p99",
+        "commit_p50"
     );
     for r in rows {
         println!(
-            "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11}",
+            "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11} {:>10}",
             r.nodes,
             if r.tls { "on" } else { "off" },
             r.clients,
@@ -272,10 +307,12 @@ fn print_table(rows: &[Row]) {
             f(r.acquire_p99_us),
             r.pairs_per_s,
             f(r.handoff_p50_us),
-            f(r.handoff_p99_us)
+            f(r.handoff_p99_us),
+            f(r.commit_p50_us)
         );
     }
     println!(
-        "(latencies in µs; durable commits: every acknowledged grant is fsynced on a majority)"
+        "(latencies in µs; durable commits: every acknowledged grant is fsynced on a majority;\n\
+         commit_p50: the leader's median from appending a batch of entries to committing it)"
     );
 }

@@ -92,6 +92,8 @@ impl Mem {
 pub struct LogStore {
     mem: Arc<RwLock<Mem>>,
     writer: mpsc::Sender<Op>,
+    /// Told of every appended batch (see [`crate::commit_clock`]).
+    clock: Option<Arc<crate::commit_clock::CommitClock>>,
 }
 
 /// Wraps a storage error for openraft, keeping it as the `source()`.
@@ -129,7 +131,15 @@ impl LogStore {
         Ok(LogStore {
             mem: Arc::new(RwLock::new(mem)),
             writer: tx,
+            clock: None,
         })
+    }
+
+    /// Tells `clock` of every batch appended from now on.
+    #[must_use]
+    pub fn with_commit_clock(mut self, clock: Arc<crate::commit_clock::CommitClock>) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
     /// The index of the last entry known committed (0 before any).
@@ -391,6 +401,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 encoded.push(Record::Entry { index, bytes });
                 mem.entries.insert(index, entry);
             }
+        }
+        if let (Some(clock), Some(Record::Entry { index, .. })) = (&self.clock, encoded.last()) {
+            clock.appended(*index);
         }
         self.send(Op::Append(encoded, callback))
     }

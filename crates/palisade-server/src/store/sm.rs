@@ -147,6 +147,8 @@ impl Shared {
 pub struct StateMachineStore {
     shared: Arc<Shared>,
     file: Arc<SnapshotFile>,
+    /// Told of every applied entry (see [`crate::commit_clock`]).
+    clock: Option<Arc<crate::commit_clock::CommitClock>>,
 }
 
 /// Wraps a storage error for openraft, keeping it as the `source()`.
@@ -183,7 +185,15 @@ impl StateMachineStore {
                 snapshot_stats: Mutex::new(stats),
             }),
             file: Arc::new(file),
+            clock: None,
         })
+    }
+
+    /// Tells `clock` of every entry applied from now on.
+    #[must_use]
+    pub fn with_commit_clock(mut self, clock: Arc<crate::commit_clock::CommitClock>) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
     /// The state the services read.
@@ -338,6 +348,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         if sessions_changed {
             self.shared.changed.notify_waiters();
+        }
+        if let (Some(clock), Some(last)) = (
+            &self.clock,
+            *self.shared.last_applied.read().expect("poisoned"),
+        ) {
+            clock.applied(last.index);
         }
         Ok(replies)
     }
