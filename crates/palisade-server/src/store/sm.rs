@@ -456,10 +456,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             )
         };
         let data = in_background(move || {
-            // At most a quarter of a core: encoding at full speed beside live
-            // traffic raised other clients' acquire p99 from ~1.5 ms to 4–10 ms
-            // on 2 cores even at the lowest CPU priority; paced, it stays level
-            // (`palisade bench scale`, acquire_p99_during_snapshot_us).
+            // At most a quarter of a core: in trials on 2 cores, encoding at
+            // full speed beside live traffic raised other clients' acquire p99
+            // several-fold even at the lowest CPU priority (a sleep of the same
+            // length did not); paced, it stays level (`palisade bench scale`,
+            // acquire_p99_during_snapshot_us).
             let mut busy_since = Instant::now();
             machine.to_snapshot_bytes_paced(|| {
                 let busy = busy_since.elapsed();
