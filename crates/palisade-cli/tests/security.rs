@@ -186,10 +186,10 @@ impl SecureCluster {
         let admin = Admin::new(&self.config_as("admin")).unwrap();
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(60) {
-            if let Ok(s) = admin.status().await {
-                if let Some(leader) = s.leader {
-                    return leader;
-                }
+            if let Ok(s) = admin.status().await
+                && let Some(leader) = s.leader
+            {
+                return leader;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -12,17 +12,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use openraft::LogId;
-use openraft::error::CheckIsLeaderError;
+use openraft::ReadPolicy;
 use tokio::sync::oneshot;
 
-use crate::typ::{Node, NodeId, Raft};
+use crate::typ::{LinearizableReadError, Raft, RaftError};
 
-/// What `Raft::ensure_linearizable` answers: the log id reads must have applied.
-pub type Confirmation = Result<
-    Option<LogId<NodeId>>,
-    openraft::error::RaftError<NodeId, CheckIsLeaderError<NodeId, Node>>,
->;
+/// What `Raft::ensure_linearizable` answers: this node led when the check
+/// started after the caller arrived, and has applied what was committed then.
+pub type Confirmation = Result<(), RaftError<LinearizableReadError>>;
 
 #[derive(Default)]
 struct Waiting {
@@ -62,9 +59,7 @@ impl LeaderCheck {
         match rx.await {
             Ok(confirmation) => confirmation,
             // The runner is gone only if the runtime is shutting down.
-            Err(_) => Err(openraft::error::RaftError::Fatal(
-                openraft::error::Fatal::Stopped,
-            )),
+            Err(_) => Err(RaftError::Fatal(openraft::errors::Fatal::Stopped)),
         }
     }
 
@@ -80,7 +75,12 @@ impl LeaderCheck {
                 std::mem::take(&mut w.next)
             };
             // Started after every caller in `batch` registered.
-            let confirmation = self.raft.ensure_linearizable().await;
+            // ReadIndex: a fresh round with a quorum, as openraft 0.9 did.
+            let confirmation = self
+                .raft
+                .ensure_linearizable(ReadPolicy::ReadIndex)
+                .await
+                .map(|_| ());
             for waiter in batch {
                 let _ = waiter.send(confirmation.clone());
             }

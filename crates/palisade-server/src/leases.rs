@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
 use palisade_core::machine::{Command, MachineError, SessionId};
 
 use crate::proposer::Proposer;
@@ -171,7 +172,7 @@ impl LeaseKeeper {
     /// (and so every entry committed before it).
     fn applied_own_term(&self) -> bool {
         let m = self.raft.metrics();
-        let m = m.borrow();
+        let m = m.borrow_watched();
         m.last_applied
             .is_some_and(|applied| applied.leader_id.term == m.current_term)
     }
@@ -196,7 +197,7 @@ impl LeaseKeeper {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let leader_term = {
-                let m = metrics.borrow();
+                let m = metrics.borrow_watched();
                 let leading = m.state == ServerState::Leader && m.current_leader == Some(m.id);
                 leading.then_some(m.current_term)
             };

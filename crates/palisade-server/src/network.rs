@@ -16,17 +16,19 @@
 
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::OptionalSend;
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use palisade_proto::v1::RaftPayload;
 use palisade_proto::v1::raft_client::RaftClient;
 use palisade_proto::v1::raft_server;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use tonic::service::Interceptor;
@@ -37,7 +39,17 @@ use tonic::{Request, Response, Status};
 use crate::security::PeerCheck;
 use crate::security::conn::CallGuard;
 use crate::security::identity::conn_info;
-use crate::typ::{Node, NodeId, Raft, RaftError, TypeConfig};
+use crate::typ::{
+    Node, NodeId, Raft, RaftError, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote,
+};
+
+/// What travels in the JSON of an `InstallSnapshot` call; the snapshot's
+/// bytes travel raw beside it (`RaftPayload.data`).
+#[derive(Serialize, Deserialize)]
+struct SnapshotHeader {
+    vote: Vote,
+    meta: SnapshotMeta,
+}
 
 /// Makes one [`Peer`] per target node.
 pub struct PeerFactory {
@@ -77,27 +89,27 @@ pub struct Peer {
 }
 
 impl Peer {
-    async fn call<Req, Resp, E>(
+    /// One call; a remote node's own error counts as unreachable (openraft's
+    /// network API has no typed remote error any more; both back off alike).
+    async fn call<Req, Resp>(
         &mut self,
         kind: &'static str,
         req: &Req,
         data: Vec<u8>,
-        option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<E>>>
+        ttl: Duration,
+    ) -> Result<Resp, RPCError<TypeConfig>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
     {
-        let unreachable =
-            |msg: String| RPCError::Unreachable(Unreachable::new(&std::io::Error::other(msg)));
+        let unreachable = |msg: String| RPCError::Unreachable(Unreachable::from_string(msg));
         let client = self
             .client
             .as_mut()
             .ok_or_else(|| unreachable(format!("node {} has an unusable address", self.target)))?;
         let json = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = Request::new(RaftPayload { json, data });
-        request.set_timeout(option.hard_ttl());
+        request.set_timeout(ttl);
         let call = async {
             match kind {
                 "append" => client.append_entries(request).await,
@@ -105,44 +117,53 @@ impl Peer {
                 _ => client.install_snapshot(request).await,
             }
         };
-        let reply = tokio::time::timeout(option.hard_ttl(), call)
+        let reply = tokio::time::timeout(ttl, call)
             .await
             .map_err(|_| unreachable(format!("{kind} to node {} timed out", self.target)))?
             .map_err(|s| unreachable(format!("{kind} to node {}: {s}", self.target)))?;
-        let result: Result<Resp, RaftError<E>> =
-            serde_json::from_slice(&reply.into_inner().json)
-                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        let result: Result<Resp, RaftError> = serde_json::from_slice(&reply.into_inner().json)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| unreachable(format!("{kind} to node {}: {e}", self.target)))
     }
 }
 
-impl RaftNetwork<TypeConfig> for Peer {
+impl RaftNetworkV2<TypeConfig> for Peer {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        self.call("append", &rpc, Vec::new(), &option).await
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        mut rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Node, RaftError<InstallSnapshotError>>,
-    > {
-        let data = std::mem::take(&mut rpc.data);
-        self.call("snapshot", &rpc, data, &option).await
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("append", &rpc, Vec::new(), option.hard_ttl())
+            .await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        self.call("vote", &rpc, Vec::new(), &option).await
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("vote", &rpc, Vec::new(), option.hard_ttl()).await
+    }
+
+    /// The whole snapshot in one call: the header as JSON, the bytes raw.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let header = SnapshotHeader {
+            vote,
+            meta: snapshot.meta,
+        };
+        let data = snapshot.snapshot.into_inner();
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            sent = self.call("snapshot", &header, data, option.hard_ttl()) => Ok(sent?),
+        }
     }
 }
 
@@ -179,7 +200,12 @@ pub struct PeerGate {
 impl Interceptor for PeerGate {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let busy = conn_info(&req).map(|c| Arc::new(c.begin_call()));
-        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let membership = self
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .clone();
         let members = membership.membership();
         let has_members = members.nodes().next().is_some();
         let node = self
@@ -244,15 +270,15 @@ impl raft_server::Raft for RaftService {
         let sender = sender(&mut req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
         self.check
-            .same_sender(sender.node, rpc.vote.leader_id().voted_for())?;
+            .same_sender(sender.node, Some(rpc.vote.leader_id.node_id))?;
         encode(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, mut req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let sender = sender(&mut req)?;
-        let rpc: VoteRequest<NodeId> = decode(req)?;
+        let rpc: VoteRequest<TypeConfig> = decode(req)?;
         self.check
-            .same_sender(sender.node, rpc.vote.leader_id().voted_for())?;
+            .same_sender(sender.node, Some(rpc.vote.leader_id.node_id))?;
         encode(&self.raft.vote(rpc).await)
     }
 
@@ -262,12 +288,18 @@ impl raft_server::Raft for RaftService {
     ) -> Result<Response<RaftPayload>, Status> {
         let sender = sender(&mut req)?;
         let payload = req.into_inner();
-        let mut rpc: InstallSnapshotRequest<TypeConfig> = decode_json(&payload.json)?;
-        if !payload.data.is_empty() {
-            rpc.data = payload.data;
-        }
+        let header: SnapshotHeader = decode_json(&payload.json)?;
         self.check
-            .same_sender(sender.node, rpc.vote.leader_id().voted_for())?;
-        encode(&self.raft.install_snapshot(rpc).await)
+            .same_sender(sender.node, Some(header.vote.leader_id.node_id))?;
+        let snapshot = Snapshot {
+            meta: header.meta,
+            snapshot: std::io::Cursor::new(payload.data),
+        };
+        let installed: Result<SnapshotResponse<TypeConfig>, RaftError> = self
+            .raft
+            .install_full_snapshot(header.vote, snapshot)
+            .await
+            .map_err(RaftError::Fatal);
+        encode(&installed)
     }
 }

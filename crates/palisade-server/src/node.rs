@@ -199,10 +199,10 @@ pub async fn run(
         election_timeout_max: 1200,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
         max_in_snapshot_log_to_keep: 100,
-        // Covers sending the last chunk and the follower installing the whole
-        // snapshot (about 2 s for a million locks); openraft's 200 ms would
-        // make a large install time out and start over, forever.
-        install_snapshot_timeout: 30_000,
+        // Covers sending the whole snapshot in one call and the follower
+        // installing it (about 2 s for a million locks); openraft's 200 ms
+        // would make a large install time out and start over, forever.
+        install_snapshot_timeout: 60_000,
         ..Config::default()
     }
     .validate()

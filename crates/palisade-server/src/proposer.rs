@@ -10,12 +10,13 @@
 //! second session creation, or a session end (alone in its entry), starts the next
 //! entry.
 
-use openraft::error::ClientWriteError;
+use openraft::errors::ClientWriteError;
+use openraft::impls::ProgressResponder;
 use palisade_core::machine::{Applied, Command, ConflictKey};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::sm::EntryResponse;
-use crate::typ::{NodeId, Raft};
+use crate::typ::{Commands, NodeId, Raft};
 
 /// Most commands in one entry; bounds the entry's size (names are ≤ 256 bytes).
 pub const MAX_BATCH: usize = 1024;
@@ -111,11 +112,12 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
             .await
             .expect("the semaphore is never closed");
         // Submitted here, in order; answered by a task of its own.
-        let submitted = raft.client_write_ff(cmds).await;
+        let (responder, answer) = ProgressResponder::complete_only();
+        let submitted = raft.client_write_ff(Commands(cmds), Some(responder)).await;
         tokio::spawn(async move {
             let result = match submitted {
                 Err(fatal) => Err(ProposeError::Unavailable(fatal.to_string())),
-                Ok(answer) => match answer.await {
+                Ok(()) => match answer.await {
                     Err(_) => Err(ProposeError::Unavailable("raft dropped the write".into())),
                     Ok(Ok(r)) => match r.data {
                         EntryResponse::Commands(applied) if applied.len() == replies.len() => {

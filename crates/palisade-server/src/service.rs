@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use palisade_core::FencingToken;
 use palisade_core::machine::{Applied, Command, MachineError, Reply, SessionId, SessionOwner};
 use palisade_proto::v1::cluster_server::{Cluster, ClusterServer};
@@ -139,7 +140,12 @@ impl Api {
     fn not_leader(&self, leader: Option<NodeId>) -> Status {
         let addr = leader
             .and_then(|id| {
-                let m = self.raft.metrics().borrow().membership_config.clone();
+                let m = self
+                    .raft
+                    .metrics()
+                    .borrow_watched()
+                    .membership_config
+                    .clone();
                 m.membership().get_node(&id).map(|n| n.addr.clone())
             })
             .unwrap_or_default();
@@ -178,7 +184,7 @@ impl Api {
     async fn linearize(&self) -> Result<(), Status> {
         match self.leader_check.confirm().await {
             Ok(_) => {}
-            Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
                 return Err(self.not_leader(f.leader_id));
             }
             Err(e) => return Err(ErrorCode::Unavailable.status(e.to_string())),
@@ -195,7 +201,7 @@ impl Api {
         use std::sync::atomic::Ordering;
         if !self.read_floor_reached.load(Ordering::Acquire) {
             let (floor_term, floor) = self.read_floor;
-            let term = self.raft.metrics().borrow().current_term;
+            let term = self.raft.metrics().borrow_watched().current_term;
             let applied = self
                 .shared
                 .last_applied
@@ -377,7 +383,7 @@ impl Locks for Api {
         let ttl = match self.leases.keep_alive(session) {
             Ok(ttl) => ttl,
             Err(KeepAliveError::NotLeader) => {
-                let leader = self.raft.metrics().borrow().current_leader;
+                let leader = self.raft.metrics().borrow_watched().current_leader;
                 return Err(self.not_leader(leader));
             }
             Err(KeepAliveError::UnknownSession) => {
@@ -606,7 +612,7 @@ impl Locks for Api {
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let _caller = self.gatekeeper.admit(&req)?;
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         let snapshot = *self.shared.snapshot_stats.lock().expect("poisoned");
         let commit = |p: f64| {
             self.commit_clock
@@ -682,7 +688,7 @@ impl Cluster for Api {
             let stats = *shared.snapshot_stats.lock().expect("poisoned");
             if covers(&stats) {
                 return Ok(Response::new(TakeSnapshotResponse {
-                    id: self.raft.metrics().borrow().id,
+                    id: self.raft.metrics().borrow_watched().id,
                     snapshot_index: stats.index,
                     bytes: stats.bytes,
                     build_us: stats.build.map_or(0, |d| d.as_micros() as u64),

@@ -7,27 +7,58 @@ use serde::{Deserialize, Serialize};
 
 use palisade_core::machine::Command;
 
-use crate::store::sm::EntryResponse;
+use crate::store::sm::{EntryResponse, StateMachineStore};
+
+/// The commands of one log entry (see `proposer`). Serialized exactly as the
+/// `Vec<Command>` it wraps, so logs written under openraft 0.9 still load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Commands(
+    /// The commands, in order.
+    pub Vec<Command>,
+);
+
+impl fmt::Display for Commands {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} command(s)", self.0.len())
+    }
+}
 
 openraft::declare_raft_types!(
     /// Palisade's Raft: a log entry carries a batch of lock-machine [`Command`]s
     /// (see `proposer`); applying it yields an [`EntryResponse`].
     pub TypeConfig:
-        D = Vec<Command>,
+        D = Commands,
         R = EntryResponse,
         NodeId = u64,
         Node = NodeAddr,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = openraft_rt_tokio::TokioRuntime,
 );
 
 /// A node id (as in `--id` and `--initial-cluster`).
 pub type NodeId = u64;
-/// The Raft handle.
-pub type Raft = openraft::Raft<TypeConfig>;
 /// A node's address record.
 pub type Node = NodeAddr;
+/// Who led a term (the committed form is the same type).
+pub type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, NodeId>;
+/// A log entry's id: the leader that wrote it and its index.
+pub type LogId = openraft::LogId<LeaderId>;
+/// A node's vote.
+pub type Vote = openraft::Vote<LeaderId>;
+/// What a log entry carries.
+pub type EntryPayload = openraft::EntryPayload<Commands, NodeId, Node>;
+/// A log entry.
+pub type Entry = openraft::Entry<LeaderId, EntryPayload>;
+/// The membership as of a log id.
+pub type StoredMembership = openraft::StoredMembership<LeaderId, NodeId, Node>;
+/// What a snapshot covers.
+pub type SnapshotMeta = openraft::SnapshotMeta<LeaderId, NodeId, Node>;
+/// A snapshot's bytes, as the stores and the network hand them over.
+pub type SnapshotData = Cursor<Vec<u8>>;
+/// A snapshot: what it covers and its bytes.
+pub type Snapshot = openraft::Snapshot<LeaderId, NodeId, Node, SnapshotData>;
+/// The Raft handle.
+pub type Raft = openraft::Raft<TypeConfig, StateMachineStore>;
 
 /// Where a member is reached: by clients, and by peers. Stored in the
 /// membership (in the log), so every node can redirect clients to the leader and
@@ -75,10 +106,10 @@ pub fn default_peer_addr(client: &str) -> Option<String> {
     Some(format!("{host}:{}", port.checked_add(1)?))
 }
 /// openraft's error wrapper for our config.
-pub type RaftError<E = openraft::error::Infallible> = openraft::error::RaftError<NodeId, E>;
+pub type RaftError<E = openraft::errors::Infallible> = openraft::errors::RaftError<TypeConfig, E>;
 /// Errors of a client write.
-pub type ClientWriteError = openraft::error::ClientWriteError<NodeId, Node>;
-/// Errors of a leadership check.
-pub type CheckIsLeaderError = openraft::error::CheckIsLeaderError<NodeId, Node>;
+pub type ClientWriteError = openraft::errors::ClientWriteError<TypeConfig>;
+/// Errors of a leadership check before a linearizable read.
+pub type LinearizableReadError = openraft::errors::LinearizableReadError<TypeConfig>;
 /// A storage error.
-pub type StorageError = openraft::StorageError<NodeId>;
+pub type StorageError = openraft::StorageError<TypeConfig>;

@@ -1,27 +1,27 @@
 //! openraft's storage conformance suite, run on Palisade's stores.
 
 use openraft::StorageError;
-use openraft::testing::{StoreBuilder, Suite};
+use openraft::testing::log::{StoreBuilder, Suite};
 use palisade_server::store::log::LogStore;
 use palisade_server::store::sm::StateMachineStore;
-use palisade_server::typ::TypeConfig;
+use palisade_server::typ::{Entry, EntryPayload, LeaderId, LogId, TypeConfig, Vote};
 
 struct Builder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
     async fn build(
         &self,
-    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<u64>> {
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = LogStore::open(dir.path()).expect("log store");
-        let sm = StateMachineStore::open(&dir.path().join("state.redb")).expect("state store");
+        let sm = StateMachineStore::open(dir.path()).expect("state store");
         Ok((dir, log, sm))
     }
 }
 
-#[test]
-fn openraft_storage_suite() {
-    Suite::test_all(Builder).expect("the stores conform");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite() {
+    Suite::test_all(Builder).await.expect("the stores conform");
 }
 
 /// What a crash leaves: everything acknowledged is read back by a fresh open.
@@ -33,12 +33,18 @@ fn acknowledged_entries_survive_reopening() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut log = LogStore::open(&path).unwrap();
-        let vote = openraft::Vote::new(3, 1);
+        let vote = Vote::new(3, 1);
         log.save_vote(&vote).await.unwrap();
-        let entries: Vec<openraft::Entry<TypeConfig>> = (1..=50)
-            .map(|i| openraft::Entry {
-                log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), i),
-                payload: openraft::EntryPayload::Blank,
+        let entries: Vec<Entry> = (1..=50)
+            .map(|i| Entry {
+                log_id: LogId::new(
+                    LeaderId {
+                        term: 3,
+                        node_id: 1,
+                    },
+                    i,
+                ),
+                payload: EntryPayload::Blank,
             })
             .collect();
         // Returns once the append callback reported the entries synced.
@@ -71,31 +77,37 @@ fn a_log_in_the_older_redb_format_is_moved_and_loads() {
 
     let dir = tempfile::tempdir().unwrap();
     let legacy = dir.path().join("raft-log.redb");
-    let leader = openraft::CommittedLeaderId::new(2, 1);
-    let vote = openraft::Vote::new_committed(2, 1);
-    let purged = openraft::LogId::new(leader, 3);
-    let committed = openraft::LogId::new(leader, 6);
+    let leader = LeaderId {
+        term: 2,
+        node_id: 1,
+    };
+    let vote = Vote::new_committed(2, 1);
+    let purged = LogId::new(leader, 3);
+    let committed = LogId::new(leader, 6);
     {
-        // Exactly what the redb log store wrote: JSON values in two tables.
+        // Exactly what the redb log store wrote under openraft 0.9: JSON values
+        // in two tables, written out literally so that a change of openraft's
+        // serialization cannot hide here.
+        let log_id = |i: u64| format!(r#"{{"leader_id":{{"term":2,"node_id":1}},"index":{i}}}"#);
         let db = Database::create(&legacy).unwrap();
         let w = db.begin_write().unwrap();
         {
             let mut log = w.open_table(LOG).unwrap();
             for i in 4..=7u64 {
-                let entry = openraft::Entry::<TypeConfig> {
-                    log_id: openraft::LogId::new(leader, i),
-                    payload: openraft::EntryPayload::Blank,
+                let entry = match i {
+                    5 => format!(
+                        r#"{{"log_id":{},"payload":{{"Normal":[{{"op":"create_session","ttl_ms":10000,"label":"x"}}]}}}}"#,
+                        log_id(i)
+                    ),
+                    _ => format!(r#"{{"log_id":{},"payload":"Blank"}}"#, log_id(i)),
                 };
-                log.insert(i, serde_json::to_vec(&entry).unwrap().as_slice())
-                    .unwrap();
+                log.insert(i, entry.as_bytes()).unwrap();
             }
             let mut meta = w.open_table(META).unwrap();
-            meta.insert("vote", serde_json::to_vec(&vote).unwrap().as_slice())
-                .unwrap();
-            let purged_json = serde_json::to_vec(&purged).unwrap();
-            meta.insert("last_purged", purged_json.as_slice()).unwrap();
-            let committed_json = serde_json::to_vec(&Some(committed)).unwrap();
-            meta.insert("committed", committed_json.as_slice()).unwrap();
+            let vote_json = r#"{"leader_id":{"term":2,"node_id":1},"committed":true}"#;
+            meta.insert("vote", vote_json.as_bytes()).unwrap();
+            meta.insert("last_purged", log_id(3).as_bytes()).unwrap();
+            meta.insert("committed", log_id(6).as_bytes()).unwrap();
         }
         w.commit().unwrap();
     }
@@ -107,10 +119,15 @@ fn a_log_in_the_older_redb_format_is_moved_and_loads() {
         assert_eq!(log.read_committed().await.unwrap(), Some(committed));
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id, Some(purged));
-        assert_eq!(state.last_log_id, Some(openraft::LogId::new(leader, 7)));
+        assert_eq!(state.last_log_id, Some(LogId::new(leader, 7)));
         let back = log.try_get_log_entries(0..100).await.unwrap();
         let indices: Vec<u64> = back.iter().map(|e| e.log_id.index).collect();
         assert_eq!(indices, vec![4, 5, 6, 7]);
+        assert!(
+            matches!(&back[1].payload, EntryPayload::Normal(c) if c.0.len() == 1),
+            "{:?}",
+            back[1]
+        );
     });
     // A crash between the move's rename and the old file's deletion leaves both:
     // the next start keeps the moved log and finishes the deletion.

@@ -295,12 +295,12 @@ fn unprivileged_user() -> std::io::Result<(u32, u32)> {
     for name in &wanted {
         for line in passwd.lines() {
             let fields: Vec<&str> = line.split(':').collect();
-            if fields.len() >= 4 && fields[0] == name {
-                if let (Ok(uid), Ok(gid)) = (fields[2].parse(), fields[3].parse()) {
-                    if uid != 0 {
-                        return Ok((uid, gid));
-                    }
-                }
+            if fields.len() >= 4
+                && fields[0] == name
+                && let (Ok(uid), Ok(gid)) = (fields[2].parse(), fields[3].parse())
+                && uid != 0
+            {
+                return Ok((uid, gid));
             }
         }
     }
@@ -321,10 +321,10 @@ fn find_bindir() -> std::io::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("PALISADE_PG_BINDIR") {
         return Ok(PathBuf::from(dir));
     }
-    if let Some(path) = std::env::var_os("PATH") {
-        if let Some(dir) = std::env::split_paths(&path).find(|d| has_binaries(d)) {
-            return Ok(dir);
-        }
+    if let Some(path) = std::env::var_os("PATH")
+        && let Some(dir) = std::env::split_paths(&path).find(|d| has_binaries(d))
+    {
+        return Ok(dir);
     }
     // Debian installs the server outside PATH, one directory per major version.
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")

@@ -71,7 +71,7 @@ impl<P: FnMut()> Serialize for BodyOut<'_, P> {
         let mut written = 0usize;
         let mut pace = || {
             written += 1;
-            if written % PAUSE_EVERY == 0 {
+            if written.is_multiple_of(PAUSE_EVERY) {
                 (self.1.borrow_mut())();
             }
         };

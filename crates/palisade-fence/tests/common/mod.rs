@@ -66,10 +66,10 @@ pub fn check_history(
             ));
         }
         for e in evs {
-            if let Outcome::Stale(h) = e.outcome {
-                if h <= e.token || !accepted.contains(&h) {
-                    return Err(format!("resource {r}: {} rejected citing {h}", e.token));
-                }
+            if let Outcome::Stale(h) = e.outcome
+                && (h <= e.token || !accepted.contains(&h))
+            {
+                return Err(format!("resource {r}: {} rejected citing {h}", e.token));
             }
         }
         let want = accepted.last().copied();

@@ -16,10 +16,6 @@
 //! (`raft-log.redb`); [`LogStore::open`] moves such a log into the new format once,
 //! atomically, and then deletes the old file.
 
-// openraft's trait signatures fix `StorageError` (large) as the error type, and
-// redb's error is large too; boxing them here would only add an allocation.
-#![allow(clippy::result_large_err)]
-
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;
@@ -27,14 +23,13 @@ use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::{Arc, RwLock, mpsc};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{LogId, OptionalSend, RaftLogId, RaftLogReader, StorageError, StorageIOError, Vote};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
 
 use super::wal::{Record, Wal};
-use crate::typ::{NodeId, TypeConfig};
+use crate::typ::{Entry, LogId, TypeConfig, Vote};
 
-type Entry = openraft::Entry<TypeConfig>;
-type Result<T> = std::result::Result<T, StorageError<NodeId>>;
+type Result<T> = io::Result<T>;
 
 /// The write-ahead log's directory inside the data directory.
 const WAL_DIR: &str = "raft-log";
@@ -46,7 +41,7 @@ const LEGACY_REDB: &str = "raft-log.redb";
 /// One durable operation, in the order openraft issued it, with whoever waits
 /// for it to be on disk.
 enum Op {
-    Append(Vec<Record>, LogFlushed<TypeConfig>),
+    Append(Vec<Record>, IOFlushed<TypeConfig>),
     /// Written when the next batch someone waits for is (see `write_loop`).
     Unawaited(Record),
     Vote(Record, mpsc::SyncSender<io::Result<()>>),
@@ -56,9 +51,9 @@ enum Op {
 #[derive(Default)]
 struct Mem {
     entries: BTreeMap<u64, Entry>,
-    last_purged: Option<LogId<NodeId>>,
-    vote: Option<Vote<NodeId>>,
-    committed: Option<LogId<NodeId>>,
+    last_purged: Option<LogId>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
 }
 
 impl Mem {
@@ -158,7 +153,7 @@ impl LogStore {
             .read()
             .expect("poisoned")
             .vote
-            .map_or(0, |v| v.leader_id().get_term())
+            .map_or(0, |v| v.leader_id.term)
     }
 
     /// The index of the last entry in the log (0 when empty).
@@ -173,11 +168,9 @@ impl LogStore {
     }
 
     fn send(&self, op: Op) -> Result<()> {
-        self.writer.send(op).map_err(|_| {
-            StorageError::from(StorageIOError::write_logs(&io_err(
-                "the log writer thread has stopped",
-            )))
-        })
+        self.writer
+            .send(op)
+            .map_err(|_| io_err("the log writer thread has stopped"))
     }
 }
 
@@ -200,7 +193,7 @@ fn migrate_from_redb(legacy: &Path, data_dir: &Path) -> io::Result<()> {
             records.push(Record::Vote(bytes));
         }
         if let Some(bytes) = get("last_purged")? {
-            let id: LogId<NodeId> = serde_json::from_slice(&bytes).map_err(io_err)?;
+            let id: LogId = serde_json::from_slice(&bytes).map_err(io_err)?;
             records.push(Record::Purged {
                 index: id.index,
                 bytes,
@@ -311,7 +304,7 @@ fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>) {
                 .map_err(|e| io::Error::new(e.kind(), e.to_string()))
         };
         for done in appended {
-            done.log_io_completed(outcome());
+            done.io_completed(outcome());
         }
         for done in votes {
             let _ = done.send(outcome());
@@ -333,6 +326,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mem = self.mem.read().expect("poisoned");
         Ok(mem.entries.range(range).map(|(_, e)| e.clone()).collect())
     }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>> {
+        Ok(self.mem.read().expect("poisoned").vote)
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -344,7 +341,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .entries
             .values()
             .next_back()
-            .map(|e| *e.get_log_id())
+            .map(|e| e.log_id)
             .or(mem.last_purged);
         Ok(LogState {
             last_purged_log_id: mem.last_purged,
@@ -356,37 +353,30 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
-        let write_err = |e: io::Error| StorageError::from(StorageIOError::write_vote(&e));
-        let bytes = serde_json::to_vec(vote).map_err(|e| write_err(io_err(e)))?;
+    async fn save_vote(&mut self, vote: &Vote) -> Result<()> {
+        let bytes = serde_json::to_vec(vote).map_err(io_err)?;
         let (tx, rx) = mpsc::sync_channel(1);
         self.send(Op::Vote(Record::Vote(bytes), tx))?;
         rx.recv()
-            .map_err(|_| write_err(io_err("the log writer thread has stopped")))?
-            .map_err(write_err)?;
+            .map_err(|_| io_err("the log writer thread has stopped"))??;
         self.mem.write().expect("poisoned").vote = Some(*vote);
         Ok(())
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
-        Ok(self.mem.read().expect("poisoned").vote)
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<()> {
         // Not synced on its own: it only speeds up re-applying after a restart, and
         // it rides along with the next append's fsync.
-        let bytes = serde_json::to_vec(&committed)
-            .map_err(|e| StorageError::from(StorageIOError::write(&e)))?;
+        let bytes = serde_json::to_vec(&committed).map_err(io_err)?;
         self.send(Op::Unawaited(Record::Committed(bytes)))?;
         self.mem.write().expect("poisoned").committed = committed;
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>> {
+    async fn read_committed(&mut self) -> Result<Option<LogId>> {
         Ok(self.mem.read().expect("poisoned").committed)
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<()>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<()>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -395,9 +385,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut mem = self.mem.write().expect("poisoned");
             for entry in entries {
-                let index = entry.get_log_id().index;
-                let bytes = serde_json::to_vec(&entry)
-                    .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?;
+                let index = entry.log_id.index;
+                let bytes = serde_json::to_vec(&entry).map_err(io_err)?;
                 encoded.push(Record::Entry { index, bytes });
                 mem.entries.insert(index, entry);
             }
@@ -408,18 +397,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.send(Op::Append(encoded, callback))
     }
 
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
-        self.mem
-            .write()
-            .expect("poisoned")
-            .entries
-            .split_off(&log_id.index);
-        self.send(Op::Unawaited(Record::TruncateFrom(log_id.index)))
+    async fn truncate_after(&mut self, last: Option<LogId>) -> Result<()> {
+        // Keeps every entry up to `last` (none when `None`).
+        let from = last.map_or(0, |l| l.index + 1);
+        self.mem.write().expect("poisoned").entries.split_off(&from);
+        self.send(Op::Unawaited(Record::TruncateFrom(from)))
     }
 
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
-        let bytes = serde_json::to_vec(&log_id)
-            .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?;
+    async fn purge(&mut self, log_id: LogId) -> Result<()> {
+        let bytes = serde_json::to_vec(&log_id).map_err(io_err)?;
         {
             let mut mem = self.mem.write().expect("poisoned");
             mem.entries = mem.entries.split_off(&(log_id.index + 1));

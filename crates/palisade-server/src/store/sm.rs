@@ -13,18 +13,19 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use openraft::storage::RaftStateMachine;
-use openraft::{
-    EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError,
-    StoredMembership,
-};
+use futures_util::{Stream, StreamExt};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{OptionalSend, RaftSnapshotBuilder};
 use palisade_core::FencingToken;
 use palisade_core::machine::{Applied, Command, Grant, LockMachine, Reply, SessionId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::snapshot::{SnapshotFile, StoredSnapshot};
-use crate::typ::{Node, NodeId, TypeConfig};
+use crate::typ::{
+    Commands, Entry, EntryPayload, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership,
+    TypeConfig,
+};
 
 /// A waiter's "the lock is yours" channel, registered before its acquire is
 /// proposed so that a grant applied in between cannot be missed.
@@ -36,9 +37,9 @@ pub struct Shared {
     /// The lock state.
     pub machine: RwLock<LockMachine>,
     /// The log id of the last applied entry (the machine only knows the index).
-    pub last_applied: RwLock<Option<LogId<NodeId>>>,
+    pub last_applied: RwLock<Option<LogId>>,
     /// The cluster membership as of `last_applied`.
-    pub membership: RwLock<StoredMembership<NodeId, Node>>,
+    pub membership: RwLock<StoredMembership>,
     waiters: Mutex<HashMap<(SessionId, String), GrantSender>>,
     /// What the lease keeper must start or stop tracking, in apply order;
     /// pushed while the machine's write lock is held, drained by the keeper.
@@ -202,24 +203,85 @@ impl StateMachineStore {
     }
 
     /// Makes `stored` the current snapshot, durably, off the async threads.
-    // openraft's storage traits return this (large) error type anyway.
-    #[allow(clippy::result_large_err)]
-    async fn save_snapshot(
-        &self,
-        stored: StoredSnapshot,
-    ) -> Result<StoredSnapshot, StorageError<NodeId>> {
+    async fn save_snapshot(&self, stored: StoredSnapshot) -> io::Result<StoredSnapshot> {
         let file = self.file.clone();
-        let signature = stored.meta.signature();
-        let saved = tokio::task::spawn_blocking(move || file.save(&stored).map(|()| stored))
+        tokio::task::spawn_blocking(move || file.save(&stored).map(|()| stored))
             .await
-            .map_err(io_err)
-            .and_then(|r| r);
-        saved.map_err(|e| {
-            StorageError::from(openraft::StorageIOError::write_snapshot(
-                Some(signature),
-                &e,
-            ))
-        })
+            .map_err(io_err)?
+    }
+
+    /// Applies one entry (under the machine's lock, released before returning:
+    /// no lock is held across an await) and says what it produced.
+    fn apply_one(&self, entry: Entry, sessions_changed: &mut bool) -> EntryResponse {
+        let index = entry.log_id.index;
+        // The machine lock is held until last_applied is updated too, so a
+        // snapshot never pairs a machine state with another entry's log id.
+        let mut machine = self.shared.machine.write().expect("poisoned");
+        let applied = match entry.payload {
+            EntryPayload::Blank => EntryResponse::Raft,
+            EntryPayload::Membership(m) => {
+                *self.shared.membership.write().expect("poisoned") =
+                    StoredMembership::new(Some(entry.log_id), m);
+                EntryResponse::Raft
+            }
+            EntryPayload::Normal(Commands(cmds)) => {
+                *sessions_changed |= cmds.iter().any(|cmd| {
+                    matches!(
+                        cmd,
+                        Command::CreateSession { .. }
+                            | Command::CloseSession { .. }
+                            | Command::ExpireSession { .. }
+                            | Command::ExpireInBatch { .. }
+                            | Command::EndLockDelay { .. }
+                    )
+                });
+                // The TTL is in the command, the id in the reply.
+                let ttls: Vec<Option<u64>> = cmds
+                    .iter()
+                    .map(|cmd| match cmd {
+                        Command::CreateSession { ttl_ms, .. } => Some(*ttl_ms),
+                        _ => None,
+                    })
+                    .collect();
+                let applied = machine.apply_batch(index, cmds);
+                let mut events = Vec::new();
+                for (i, a) in applied.iter().enumerate() {
+                    match &a.outcome {
+                        Ok(Reply::SessionCreated { session }) => {
+                            if let Some(Some(ttl_ms)) = ttls.get(i) {
+                                events.push(LeaseEvent::SessionCreated {
+                                    session: *session,
+                                    ttl: std::time::Duration::from_millis(*ttl_ms),
+                                });
+                            }
+                        }
+                        Ok(Reply::SessionEnded {
+                            session,
+                            lock_delay,
+                            ..
+                        }) => {
+                            self.shared.drop_session_waiters(*session);
+                            events.push(LeaseEvent::SessionEnded { session: *session });
+                            events.extend(lock_delay.iter().map(|d| LeaseEvent::DelayStarted {
+                                name: d.name.clone(),
+                                since: a.index,
+                                length: std::time::Duration::from_millis(d.lock_delay_ms),
+                            }));
+                        }
+                        _ => {}
+                    }
+                    self.shared.deliver(&a.grants);
+                }
+                self.shared.push_lease_events(events);
+                EntryResponse::Commands(applied)
+            }
+        };
+        *self.shared.last_applied.write().expect("poisoned") = Some(entry.log_id);
+        drop(machine);
+        if let Some(clock) = &self.clock {
+            clock.applied(index);
+        }
+        applied
     }
 }
 
@@ -258,139 +320,53 @@ pub enum EntryResponse {
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = Self;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>), StorageError<NodeId>> {
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
         Ok((
             *self.shared.last_applied.read().expect("poisoned"),
             self.shared.membership.read().expect("poisoned").clone(),
         ))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<EntryResponse>, StorageError<NodeId>>
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
     where
-        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        Strm: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
     {
-        let mut replies = Vec::new();
         let mut sessions_changed = false;
-        for entry in entries {
-            let index = entry.log_id.index;
-            // The machine lock is held until last_applied is updated too, so a
-            // snapshot never pairs a machine state with another entry's log id.
-            let mut machine = self.shared.machine.write().expect("poisoned");
-            let applied = match entry.payload {
-                EntryPayload::Blank => EntryResponse::Raft,
-                EntryPayload::Membership(m) => {
-                    *self.shared.membership.write().expect("poisoned") =
-                        StoredMembership::new(Some(entry.log_id), m);
-                    EntryResponse::Raft
-                }
-                EntryPayload::Normal(cmds) => {
-                    sessions_changed |= cmds.iter().any(|cmd| {
-                        matches!(
-                            cmd,
-                            Command::CreateSession { .. }
-                                | Command::CloseSession { .. }
-                                | Command::ExpireSession { .. }
-                                | Command::ExpireInBatch { .. }
-                                | Command::EndLockDelay { .. }
-                        )
-                    });
-                    // The TTL is in the command, the id in the reply.
-                    let ttls: Vec<Option<u64>> = cmds
-                        .iter()
-                        .map(|cmd| match cmd {
-                            Command::CreateSession { ttl_ms, .. } => Some(*ttl_ms),
-                            _ => None,
-                        })
-                        .collect();
-                    let applied = machine.apply_batch(index, cmds);
-                    let mut events = Vec::new();
-                    for (i, a) in applied.iter().enumerate() {
-                        match &a.outcome {
-                            Ok(Reply::SessionCreated { session }) => {
-                                if let Some(Some(ttl_ms)) = ttls.get(i) {
-                                    events.push(LeaseEvent::SessionCreated {
-                                        session: *session,
-                                        ttl: std::time::Duration::from_millis(*ttl_ms),
-                                    });
-                                }
-                            }
-                            Ok(Reply::SessionEnded {
-                                session,
-                                lock_delay,
-                                ..
-                            }) => {
-                                self.shared.drop_session_waiters(*session);
-                                events.push(LeaseEvent::SessionEnded { session: *session });
-                                events.extend(lock_delay.iter().map(|d| {
-                                    LeaseEvent::DelayStarted {
-                                        name: d.name.clone(),
-                                        since: a.index,
-                                        length: std::time::Duration::from_millis(d.lock_delay_ms),
-                                    }
-                                }));
-                            }
-                            _ => {}
-                        }
-                        self.shared.deliver(&a.grants);
-                    }
-                    self.shared.push_lease_events(events);
-                    EntryResponse::Commands(applied)
-                }
-            };
-            *self.shared.last_applied.write().expect("poisoned") = Some(entry.log_id);
-            drop(machine);
-            replies.push(applied);
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let reply = self.apply_one(entry, &mut sessions_changed);
+            // Every entry that has a responder must be answered, blank and
+            // membership entries too, or its writer never returns.
+            if let Some(responder) = responder {
+                responder.send(reply);
+            }
         }
         if sessions_changed {
             self.shared.changed.notify_waiters();
         }
-        if let (Some(clock), Some(last)) = (
-            &self.clock,
-            *self.shared.last_applied.read().expect("poisoned"),
-        ) {
-            clock.applied(last.index);
-        }
-        Ok(replies)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, Node>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
+    ) -> io::Result<()> {
         let started = Instant::now();
         let data = snapshot.into_inner();
         // Decoding a million locks takes seconds of CPU: not on an async thread.
         let (machine, data) =
             tokio::task::spawn_blocking(move || (LockMachine::from_snapshot_bytes(&data), data))
                 .await
-                .map_err(|e| {
-                    StorageError::from(openraft::StorageIOError::read_snapshot(
-                        Some(meta.signature()),
-                        &io_err(e),
-                    ))
-                })?;
-        let machine = machine.map_err(|e| {
-            StorageError::from(openraft::StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                &io_err(e),
-            ))
-        })?;
+                .map_err(io_err)?;
+        let machine = machine.map_err(io_err)?;
         let bytes = data.len() as u64;
         self.save_snapshot(StoredSnapshot {
             meta: meta.clone(),
@@ -424,24 +400,22 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
         let file = self.file.clone();
         let stored = tokio::task::spawn_blocking(move || file.load())
             .await
-            .map_err(io_err)
-            .and_then(|r| r)
-            .map_err(|e| StorageError::from(openraft::StorageIOError::read_snapshot(None, &e)))?;
+            .map_err(io_err)??;
         Ok(stored.map(|s| Snapshot {
             meta: s.meta,
-            snapshot: Box::new(Cursor::new(s.data)),
+            snapshot: Cursor::new(s.data),
         }))
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         let started = Instant::now();
         // Taken together under the machine's lock so state, last id and
         // membership agree. The clone shares the machine's persistent maps
@@ -470,16 +444,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 }
             })
         })
-        .await
-        .map_err(|e| StorageError::from(openraft::StorageIOError::write_snapshot(None, &e)))?;
-        let snapshot_id = match last {
-            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, data.len()),
-            None => format!("empty-{}", data.len()),
-        };
+        .await?;
         let meta = SnapshotMeta {
             last_log_id: last,
             last_membership: membership,
-            snapshot_id,
         };
         let stored = self
             .save_snapshot(StoredSnapshot {
@@ -503,7 +471,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         );
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
+            snapshot: Cursor::new(stored.data),
         })
     }
 }

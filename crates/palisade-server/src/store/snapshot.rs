@@ -18,11 +18,10 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use openraft::SnapshotMeta;
 use redb::{Database, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use crate::typ::{Node, NodeId};
+use crate::typ::SnapshotMeta;
 
 const MAGIC: &[u8; 8] = b"PLSDSNPF";
 const FILE_FORMAT: u32 = 1;
@@ -35,7 +34,7 @@ const LEGACY_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("snapsho
 #[derive(Clone, Serialize, Deserialize)]
 pub struct StoredSnapshot {
     /// Which entries it covers, and the membership as of the last of them.
-    pub meta: SnapshotMeta<NodeId, Node>,
+    pub meta: SnapshotMeta,
     /// `LockMachine::to_snapshot_bytes`.
     pub data: Vec<u8>,
 }
@@ -206,17 +205,26 @@ fn read_legacy(path: &Path) -> io::Result<Option<StoredSnapshot>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::{LogId, StoredMembership};
+    use crate::typ::{LeaderId, LogId, StoredMembership};
 
     fn snapshot(index: u64, data: &[u8]) -> StoredSnapshot {
         StoredSnapshot {
             meta: SnapshotMeta {
-                last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(2, 1), index)),
+                last_log_id: Some(LogId::new(
+                    LeaderId {
+                        term: 2,
+                        node_id: 1,
+                    },
+                    index,
+                )),
                 last_membership: StoredMembership::default(),
-                snapshot_id: format!("s{index}"),
             },
             data: data.to_vec(),
         }
+    }
+
+    fn index(s: &StoredSnapshot) -> u64 {
+        s.meta.last_log_id.map_or(0, |l| l.index)
     }
 
     #[test]
@@ -228,7 +236,7 @@ mod tests {
         file.save(&snapshot(9, b"nine")).unwrap();
         let (_, loaded) = SnapshotFile::open(dir.path()).unwrap();
         let loaded = loaded.unwrap();
-        assert_eq!(loaded.meta.snapshot_id, "s9");
+        assert_eq!(index(&loaded), 9);
         assert_eq!(loaded.data, b"nine");
         // A write cut off before its rename leaves the previous snapshot.
         fs::write(dir.path().join("snapshot/current.tmp"), b"half").unwrap();
@@ -260,22 +268,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let legacy = dir.path().join("state.redb");
         {
-            // Exactly as earlier versions wrote it: JSON of meta and data.
+            // Exactly as earlier versions (openraft 0.9) wrote it: JSON of meta
+            // (with a snapshot id, which openraft 0.10 no longer has) and data.
             let db = Database::create(&legacy).unwrap();
             let w = db.begin_write().unwrap();
             {
                 let mut t = w.open_table(LEGACY_TABLE).unwrap();
-                let json = serde_json::to_vec(&snapshot(5, b"{\"old\":1}")).unwrap();
-                t.insert("current", json.as_slice()).unwrap();
+                let data: Vec<String> = b"{\"old\":1}".iter().map(u8::to_string).collect();
+                let json = format!(
+                    r#"{{"meta":{{"last_log_id":{{"leader_id":{{"term":2,"node_id":1}},"index":5}},"last_membership":{{"log_id":null,"membership":{{"configs":[],"nodes":{{}}}}}},"snapshot_id":"2-5-9"}},"data":[{}]}}"#,
+                    data.join(",")
+                );
+                t.insert("current", json.as_bytes()).unwrap();
             }
             w.commit().unwrap();
         }
         let (_, loaded) = SnapshotFile::open(dir.path()).unwrap();
         let loaded = loaded.unwrap();
-        assert_eq!(loaded.meta.snapshot_id, "s5");
+        assert_eq!(index(&loaded), 5);
         assert_eq!(loaded.data, b"{\"old\":1}");
         assert!(!legacy.exists());
         let (_, again) = SnapshotFile::open(dir.path()).unwrap();
-        assert_eq!(again.unwrap().meta.snapshot_id, "s5");
+        assert_eq!(index(&again.unwrap()), 5);
     }
 }

@@ -153,17 +153,17 @@ fn check_step(
     };
 
     // Idempotent acquire: the holder asking again gets the same grant, nothing moves.
-    if let Command::Acquire { session, name, .. } = cmd {
-        if let Some(v) = pre.get(name).filter(|v| v.holder == Some(*session)) {
-            prop_assert_eq!(
-                reply,
-                &Reply::Acquired {
-                    token: v.token.unwrap(),
-                    reacquired: true
-                }
-            );
-            prop_assert!(applied.grants.is_empty());
-        }
+    if let Command::Acquire { session, name, .. } = cmd
+        && let Some(v) = pre.get(name).filter(|v| v.holder == Some(*session))
+    {
+        prop_assert_eq!(
+            reply,
+            &Reply::Acquired {
+                token: v.token.unwrap(),
+                reacquired: true
+            }
+        );
+        prop_assert!(applied.grants.is_empty());
     }
 
     // Observable holders: what the outputs say, replayed on a model.
