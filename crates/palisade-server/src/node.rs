@@ -229,20 +229,31 @@ pub async fn run(
         // others only if no leader has reached them within BOOTSTRAP_GRACE —
         // the cluster still forms while its lowest id is down.
         let first = initial.keys().next() == Some(&config.id);
-        let (raft, initial) = (raft.clone(), initial.clone());
-        let bootstrap = async move {
-            if !first {
-                tokio::time::sleep(BOOTSTRAP_GRACE).await;
-                if raft.is_initialized().await.unwrap_or(true) {
-                    return;
+        let bootstrap = {
+            let (raft, initial) = (raft.clone(), initial.clone());
+            async move {
+                if !first {
+                    tokio::time::sleep(BOOTSTRAP_GRACE).await;
+                    if raft.is_initialized().await.unwrap_or(true) {
+                        return;
+                    }
                 }
-            }
-            if let Err(e) = raft.initialize(initial).await {
-                tracing::info!(error = %e, "initialize skipped");
+                if let Err(e) = raft.initialize(initial).await {
+                    tracing::info!(error = %e, "initialize skipped");
+                }
             }
         };
         if first {
             bootstrap.await;
+            if initial.len() == 1 {
+                // A single node elects itself at once, but openraft 0.10's
+                // initialize returns before that election has run: wait for
+                // it, so that a fresh node takes requests as soon as it serves.
+                let _ = raft
+                    .wait(Some(BOOTSTRAP_GRACE))
+                    .current_leader(config.id, "the single node leads")
+                    .await;
+            }
         } else {
             tokio::spawn(bootstrap);
         }
