@@ -75,7 +75,7 @@ impl LeaderCheck {
                 std::mem::take(&mut w.next)
             };
             // Started after every caller in `batch` registered.
-            // ReadIndex: a fresh round with a quorum, as openraft 0.9 did.
+            // ReadIndex: a fresh round with a quorum (what openraft 0.9 always did).
             let confirmation = self
                 .raft
                 .ensure_linearizable(ReadPolicy::ReadIndex)

@@ -1,8 +1,7 @@
 //! Group commit of commands: many client requests, one log entry, one fsync.
 //!
-//! openraft 0.9 runs its log appends one at a time, waiting for each flush before
-//! taking the next request, so one client request per entry would cost one fsync
-//! per grant. The proposer keeps at most two entries in flight (one flushing, one
+//! One client request per entry would cost a log record, a trip through
+//! openraft's core and a share of an fsync per grant. The proposer keeps at most two entries in flight (one flushing, one
 //! ready behind it) and gathers every command that arrives meanwhile into the next
 //! entry. Lock commands share entries freely, even on one lock — the machine
 //! grants a lock at most once per entry (`Command::conflict_key`) — so a release
