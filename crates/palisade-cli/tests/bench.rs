@@ -7,23 +7,38 @@ use std::process::Command;
 
 use serde_json::Value;
 
-#[test]
-fn bench_lock_prints_every_backends_rows_from_one_run() {
+/// Runs `palisade ARGS`, which must succeed, and parses its stdout as one JSON
+/// object per line.
+fn json_rows(args: &[&str]) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args(["bench", "lock", "--json", "--duration", "300ms"])
-        .args(["--clients", "1,4", "--contenders", "3"])
+        .args(args)
         .output()
-        .expect("run palisade bench lock");
+        .expect("run palisade");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows: Vec<Value> = stdout
+    stdout
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect();
+        .collect()
+}
+
+#[test]
+fn bench_lock_prints_every_backends_rows_from_one_run() {
+    let rows = json_rows(&[
+        "bench",
+        "lock",
+        "--json",
+        "--duration",
+        "300ms",
+        "--clients",
+        "1,4",
+        "--contenders",
+        "3",
+    ]);
     let fields = [
         "backend",
         "nodes",
@@ -59,17 +74,17 @@ fn bench_lock_prints_every_backends_rows_from_one_run() {
         };
         assert!(
             of(1, "uncontended").is_some(),
-            "{backend} ×{nodes}: {stdout}"
+            "{backend} ×{nodes}: {rows:?}"
         );
         assert!(
             of(4, "uncontended").is_some(),
-            "{backend} ×{nodes}: {stdout}"
+            "{backend} ×{nodes}: {rows:?}"
         );
-        let contended = of(3, "contended").unwrap_or_else(|| panic!("{backend}: {stdout}"));
+        let contended = of(3, "contended").unwrap_or_else(|| panic!("{backend}: {rows:?}"));
         // Three clients taking turns for 300 ms hand the lock over at least once.
         assert!(contended["handoff_p50_us"].is_u64(), "{contended}");
     }
-    assert_eq!(rows.len(), 6 * 3, "{stdout}");
+    assert_eq!(rows.len(), 6 * 3, "{rows:?}");
 
     // A URL with an unknown scheme is bad input: exit 2, nothing started.
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
@@ -140,22 +155,20 @@ fn bench_scale_reports_one_object_with_the_documented_fields() {
 
 #[test]
 fn bench_server_rows_carry_the_leaders_commit_latency() {
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args(["bench", "server", "--json", "--nodes", "1"])
-        .args(["--duration", "300ms", "--clients", "1", "--contenders", "2"])
-        .output()
-        .expect("run palisade bench server");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect();
-    assert_eq!(rows.len(), 2, "{stdout}");
+    let rows = json_rows(&[
+        "bench",
+        "server",
+        "--json",
+        "--nodes",
+        "1",
+        "--duration",
+        "300ms",
+        "--clients",
+        "1",
+        "--contenders",
+        "2",
+    ]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
     for r in &rows {
         for f in [
             "nodes",
