@@ -20,7 +20,7 @@ use palisade_harness::{bench, chaos, demo};
 #[derive(Parser)]
 #[command(
     name = "palisade",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("PALISADE_COMMIT"), ")"),
     about = "Distributed locks with fencing tokens, and honest efficiency locks on Redis"
 )]
 struct Cli {
@@ -71,9 +71,16 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PALISADE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // A node says in one line each when it leads, follows or
+                // snapshots; openraft's own warnings are the expected noise of
+                // an election (votes racing, a peer not up yet), its errors are not.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,palisade_server=info,openraft=error")
+                }),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never into a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");

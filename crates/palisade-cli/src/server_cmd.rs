@@ -36,6 +36,10 @@ pub struct Endpoints {
     /// (sent only over TLS).
     #[arg(long, env = "PALISADE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// How long to keep trying to reach a leader (nodes down, an election in
+    /// progress) before giving up.
+    #[arg(long, default_value = "5s", value_parser = duration_arg, env = "PALISADE_RETRY_FOR")]
+    retry_for: Duration,
 }
 
 impl Endpoints {
@@ -47,6 +51,7 @@ impl Endpoints {
     pub fn config(&self) -> Result<ClientConfig, ClientError> {
         let mut config = ClientConfig::new(self.endpoints.clone());
         (config.tls, config.bearer_token) = self.credentials()?;
+        config.retry_for = self.retry_for;
         Ok(config)
     }
 
@@ -276,7 +281,9 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         snapshot_every: a.snapshot_every,
         join: a.join,
     };
-    eprintln!(
+    // Said only once the ports are bound and the data directory is ours: a
+    // node that cannot start says why and nothing else.
+    let serving = format!(
         "palisade: node {} serving clients on {} and peers on {}{} (data in {})",
         a.id,
         a.listen,
@@ -288,7 +295,10 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         },
         a.data_dir.display()
     );
-    palisade_server::run(config, crate::child::interrupted()).await?;
+    palisade_server::run_until(config, crate::child::interrupted(), move || {
+        eprintln!("{serving}");
+    })
+    .await?;
     Ok(0)
 }
 
@@ -318,6 +328,7 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
         ttl: a.ttl,
         tls,
         bearer_token,
+        retry_for: Some(a.endpoints.retry_for),
         ..SessionSpec::default()
     };
     let options = LockOptions {
@@ -338,7 +349,12 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
         Ok(pair) => pair,
         Err(e @ LockError::InvalidInput(_)) => return usage(&e),
         Err(e) => {
-            eprintln!("palisade: lock {:?} not obtained: {e}", a.name);
+            let e = e.to_string();
+            eprintln!(
+                "palisade: lock {:?} not obtained: {e}{}",
+                a.name,
+                unreachable_hint(&e)
+            );
             return Ok(exit::NOT_OBTAINED);
         }
     };
@@ -386,10 +402,55 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
     Ok(outcome)
 }
 
+/// What to try when the cluster could not be reached, by what the nodes did;
+/// empty when the failure says enough.
+fn unreachable_hint(message: &str) -> &'static str {
+    if message.contains("connection refused") {
+        "\n  hint: is `palisade serve` running at that address? Name the cluster's \
+         nodes with --endpoints or PALISADE_ENDPOINTS."
+    } else if message.contains("no leader elected yet") {
+        "\n  hint: the nodes answer but have no leader yet: a majority of the members \
+         must be running and able to reach each other's peer ports."
+    } else if message.contains("timed out") {
+        "\n  hint: nothing answered in time: check the address and the network, and \
+         give --ca if the cluster speaks TLS."
+    } else {
+        ""
+    }
+}
+
+/// Prints why a query failed, with a hint, and gives its exit status: usage
+/// errors 2, anything else `unreachable`.
+fn query_failed(what: &str, e: &ClientError, unreachable: i32) -> i32 {
+    let text = e.to_string();
+    eprintln!("palisade: {what}: {text}{}", unreachable_hint(&text));
+    match e {
+        ClientError::InvalidInput(_) => exit::USAGE,
+        _ => unreachable,
+    }
+}
+
+/// The client for a query command, or the exit status of a bad option.
+fn admin(endpoints: &Endpoints) -> Result<Admin, i32> {
+    endpoints
+        .config()
+        .and_then(|c| Admin::new(&c))
+        .map_err(|e| {
+            eprintln!("palisade: {e}");
+            exit::USAGE
+        })
+}
+
 /// `palisade status`.
 pub async fn status(a: QueryArgs) -> Result<i32> {
-    let admin = Admin::new(&a.endpoints.config()?)?;
-    let s = admin.status().await.context("no node answered")?;
+    let admin = match admin(&a.endpoints) {
+        Ok(admin) => admin,
+        Err(code) => return Ok(code),
+    };
+    let s = match admin.status().await {
+        Ok(s) => s,
+        Err(e) => return Ok(query_failed("no node answered", &e, exit::FAILURE)),
+    };
     if a.json {
         let members = |m: &[palisade_client::Member]| {
             m.iter()
@@ -470,21 +531,31 @@ fn human_bytes(n: u64) -> String {
 
 /// `palisade locks`.
 pub async fn locks(a: QueryArgs) -> Result<i32> {
-    let admin = Admin::new(&a.endpoints.config()?)?;
-    let locks = admin.list().await.context("no leader answered")?;
+    let admin = match admin(&a.endpoints) {
+        Ok(admin) => admin,
+        Err(code) => return Ok(code),
+    };
+    let locks = match admin.list().await {
+        Ok(locks) => locks,
+        Err(e) => return Ok(query_failed("no leader answered", &e, exit::FAILURE)),
+    };
     if a.json {
-        for l in &locks {
-            let h = l.holder.as_ref();
-            let v = serde_json::json!({
-                "name": l.name,
-                "holder": h.map(|h| h.session.get()),
-                "holder_label": h.map_or("", |h| h.label.as_str()),
-                "token": h.map(|h| h.token.get()),
-                "waiters": l.waiters.iter().map(|w| w.get()).collect::<Vec<_>>(),
-                "in_lock_delay": l.in_lock_delay,
-            });
-            println!("{v}");
-        }
+        // One array, `[]` when nothing is held: a script parses one document.
+        let all: Vec<_> = locks
+            .iter()
+            .map(|l| {
+                let h = l.holder.as_ref();
+                serde_json::json!({
+                    "name": l.name,
+                    "holder": h.map(|h| h.session.get()),
+                    "holder_label": h.map_or("", |h| h.label.as_str()),
+                    "token": h.map(|h| h.token.get()),
+                    "waiters": l.waiters.iter().map(|w| w.get()).collect::<Vec<_>>(),
+                    "in_lock_delay": l.in_lock_delay,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(all));
     } else {
         println!(
             "{:<32} {:>8} {:>10} {:>8}  holder",
@@ -507,10 +578,17 @@ pub async fn locks(a: QueryArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// `palisade check-token`: exit 0 when current, 1 when stale.
+/// `palisade check-token`: exit 0 when current, 1 when stale, 3 when the
+/// cluster could not be asked.
 pub async fn check_token(a: CheckTokenArgs) -> Result<i32> {
-    let admin = Admin::new(&a.endpoints.config()?)?;
-    let (current, holder) = admin.check_token(&a.name, a.token).await?;
+    let admin = match admin(&a.endpoints) {
+        Ok(admin) => admin,
+        Err(code) => return Ok(code),
+    };
+    let (current, holder) = match admin.check_token(&a.name, a.token).await {
+        Ok(answer) => answer,
+        Err(e) => return Ok(query_failed("could not ask", &e, exit::NOT_ASKED)),
+    };
     if a.json {
         println!(
             "{}",

@@ -91,10 +91,12 @@ fn wait_for_holder(node: &PalisadeNode, name: &str) {
     let start = Instant::now();
     loop {
         let out = palisade(node).args(["locks", "--json"]).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if text
-            .lines()
-            .any(|l| l.contains(&format!("\"name\":\"{name}\"")) && !l.contains("\"holder\":null"))
+        // `locks --json` is one array, `[]` when nothing is held.
+        let all: Vec<serde_json::Value> =
+            serde_json::from_slice(&out.stdout).expect("locks --json prints one JSON array");
+        if all
+            .iter()
+            .any(|l| l["name"] == name && !l["holder"].is_null())
         {
             return;
         }
@@ -104,6 +106,74 @@ fn wait_for_holder(node: &PalisadeNode, name: &str) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn with_no_server_each_command_names_the_address_and_says_connection_refused() {
+    let addr = format!("127.0.0.1:{}", palisade_testkit::free_port().unwrap());
+    let run = |args: &[&str]| {
+        let out = Command::new(bin())
+            .env("PALISADE_ENDPOINTS", &addr)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            err.contains(&addr) && err.contains("connection refused"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("palisade serve"), "a hint: {err}");
+        out.status.code()
+    };
+    assert_eq!(run(&["lock", "x", "--", "true"]), Some(75), "not obtained");
+    // 3, not 1: "could not ask" is not "stale".
+    assert_eq!(run(&["check-token", "x", "5"]), Some(3));
+    assert_eq!(run(&["status"]), Some(1));
+    assert_eq!(run(&["locks"]), Some(1));
+}
+
+#[test]
+fn serve_refuses_a_used_data_dir_or_port_before_it_says_serving_or_touches_disk() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let ports = palisade_testkit::free_ports(2).unwrap();
+    let serve = |data_dir: &Path, listen: &str, listen_peer: &str| {
+        let out = Command::new(bin())
+            .env("PALISADE_LOG", "warn")
+            .args(["serve", "--listen", listen, "--listen-peer", listen_peer])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = serve(
+        &node.data_dir(),
+        &format!("127.0.0.1:{}", ports[0]),
+        &format!("127.0.0.1:{}", ports[1]),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("another palisade serve is using"), "{err}");
+    assert!(!err.contains("serving"), "{err}");
+    // The first node is untouched and still serves.
+    assert!(token_of(&node) > 0);
+
+    let fresh = tempfile::tempdir().unwrap();
+    let unused = fresh.path().join("data");
+    let (code, err) = serve(&unused, &node.addr(), &format!("127.0.0.1:{}", ports[1]));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on {}", node.addr())),
+        "{err}"
+    );
+    assert!(!err.contains("serving"), "{err}");
+    assert!(
+        !unused.exists(),
+        "a node that cannot listen creates nothing"
+    );
 }
 
 #[test]

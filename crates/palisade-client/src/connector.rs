@@ -136,35 +136,80 @@ impl Connector {
         F: FnMut(Rpc) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        let give_up = Instant::now() + budget;
+        let started = Instant::now();
+        let give_up = started + budget;
         let mut backoff = Duration::from_millis(20);
-        let mut last: String;
+        // Each node's last answer, so that the final error says what every one
+        // of them did (refused, timed out, no leader yet), not only the last.
+        let mut tried: Vec<(String, String)> = Vec::new();
         loop {
             let addr = self.target();
             let channel = self.channel(&addr)?;
-            match rpc(channel).await {
+            let why = match rpc(channel).await {
                 Ok(reply) => {
                     *self.leader.lock().expect("poisoned") = Some(addr);
                     return Ok(reply.into_inner());
                 }
                 Err(status) => match ErrorCode::of(&status) {
                     Some(ErrorCode::NotLeader) => {
-                        last = format!("{addr}: not the leader");
                         self.follow(&status, &addr);
+                        if self.leader.lock().expect("poisoned").is_some() {
+                            "not the leader".to_owned()
+                        } else {
+                            "no leader elected yet".to_owned()
+                        }
                     }
                     Some(ErrorCode::Unavailable) | None => {
-                        last = format!("{addr}: {}", status.message());
                         self.leader.lock().expect("poisoned").take();
+                        describe_failure(&status)
                     }
                     Some(_) => return Err(ClientError::from_status(&status)),
                 },
+            };
+            match tried.iter_mut().find(|(a, _)| *a == addr) {
+                Some(entry) => entry.1 = why,
+                None => tried.push((addr, why)),
             }
             if Instant::now() + backoff >= give_up {
-                return Err(ClientError::Unavailable(last));
+                let each: Vec<String> = tried.iter().map(|(a, w)| format!("{a}: {w}")).collect();
+                return Err(ClientError::Unavailable(format!(
+                    "{} (tried for {:.1} s)",
+                    each.join("; "),
+                    started.elapsed().as_secs_f64()
+                )));
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(500));
         }
+    }
+}
+
+/// A failed call in a person's words: "connection refused", "timed out", or
+/// the server's own message.
+fn describe_failure(status: &Status) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+                std::io::ErrorKind::TimedOut => "timed out".into(),
+                std::io::ErrorKind::ConnectionReset => "connection reset".into(),
+                _ => io.to_string(),
+            };
+        }
+        if e.to_string().contains("timed out") {
+            return "timed out".into();
+        }
+        cause = e.source();
+    }
+    match status.code() {
+        tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            if status.message().contains("Timeout") || status.message().contains("timed out") =>
+        {
+            "timed out".into()
+        }
+        _ if status.message().is_empty() => format!("{}", status.code()),
+        _ => status.message().to_owned(),
     }
 }
 

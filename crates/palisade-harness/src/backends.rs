@@ -31,6 +31,9 @@ pub struct SessionSpec {
     pub bearer_token: Option<String>,
     /// Palisade: how long one request may take (default: the client's).
     pub request_timeout: Option<Duration>,
+    /// Palisade: how long to keep trying to reach a leader (nodes down, an
+    /// election) before a call gives up (default: the client's).
+    pub retry_for: Option<Duration>,
     /// Palisade: a name for this session in the servers' logs.
     pub label: Option<String>,
     /// Palisade: server addresses as the cluster advertises them, mapped to how
@@ -109,6 +112,9 @@ pub async fn connect(
             config.address_map = session.address_map.clone();
             if let Some(t) = session.request_timeout {
                 config.rpc_timeout = t;
+            }
+            if let Some(t) = session.retry_for {
+                config.retry_for = t;
             }
             if let Some(label) = &session.label {
                 config.label = label.clone();

@@ -31,4 +31,4 @@ pub mod service;
 pub mod store;
 pub mod typ;
 
-pub use node::{ServerConfig, ServerError, run};
+pub use node::{ServerConfig, ServerError, run, run_until};

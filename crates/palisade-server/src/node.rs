@@ -58,6 +58,9 @@ pub enum ServerError {
         /// What is wrong with it.
         why: String,
     },
+    /// Another process uses the data directory, or it cannot be created.
+    #[error(transparent)]
+    DirLock(#[from] crate::store::dir_lock::DirLockError),
     /// The configuration is inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -68,7 +71,7 @@ pub enum ServerError {
     #[error("security: {0}")]
     Security(String),
     /// A listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -77,7 +80,7 @@ pub enum ServerError {
         source: std::io::Error,
     },
     /// The listener failed.
-    #[error("serving {addr}: {source}")]
+    #[error("serving {addr}")]
     Serve {
         /// The address.
         addr: SocketAddr,
@@ -133,6 +136,20 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    run_until(config, shutdown, || {}).await
+}
+
+/// [`run`], calling `serving` once both listeners are bound, the data
+/// directory is this process's and Raft has started: from then on the node
+/// takes calls. A node that fails to start never calls it.
+///
+/// # Errors
+/// See [`ServerError`].
+pub async fn run_until(
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    serving: impl FnOnce() + Send,
+) -> Result<(), ServerError> {
     if config.id == 0 {
         return Err(ServerError::Config("node ids start at 1".into()));
     }
@@ -179,6 +196,9 @@ pub async fn run(
     };
     let client_listener = bind(config.listen)?;
     let peer_listener = bind(config.listen_peer)?;
+    // Held until the node stops: a second process on this directory is refused
+    // here, before anything in it is read or written.
+    let _dir_lock = crate::store::dir_lock::DirLock::acquire(&config.data_dir)?;
     check_identity(&config)?;
     let dir_err = |e: std::io::Error| ServerError::DataDir {
         dir: config.data_dir.clone(),
@@ -271,7 +291,7 @@ pub async fn run(
         gatekeeper.clone(),
     )
     .with_commit_clock(commit_clock);
-    tracing::info!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
+    tracing::debug!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
     let limits = config.security.limits;
     let builder = || {
         tonic::transport::Server::builder()
@@ -309,6 +329,7 @@ pub async fn run(
         .add_service(RaftService::new(raft.clone(), peer_check))
         .serve_with_incoming_shutdown(incoming(peer_listener, limits, counters), stopped(stop_rx));
     let reloads = tokio::spawn(reload_on_hangup(gatekeeper));
+    let roles = tokio::spawn(log_role_changes(raft.clone()));
     let stop_on_signal = stop_tx.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -320,10 +341,12 @@ pub async fn run(
         let _ = stop_tx.send(true);
         served
     };
+    serving();
     let (clients, peers) = tokio::join!(async { stop_both(clients.await) }, async {
         stop_both(peers.await)
     });
     reloads.abort();
+    roles.abort();
     keeper.abort();
     let _ = raft.shutdown().await;
     clients.map_err(|source| ServerError::Serve {
@@ -334,6 +357,43 @@ pub async fn run(
         addr: config.listen_peer,
         source,
     })
+}
+
+/// Logs, at INFO and in one line each, every change of this node's role:
+/// elections won, leaders followed, leadership lost. Watches openraft's server
+/// metrics, which change with the vote and the role only, not per commit.
+async fn log_role_changes(raft: Raft) {
+    use openraft::ServerState;
+    use openraft::async_runtime::WatchReceiver;
+    let mut metrics = raft.server_metrics();
+    let mut last = None;
+    loop {
+        let now = {
+            let m = metrics.borrow_watched();
+            (m.id, m.state, m.current_leader, m.vote.leader_id.term)
+        };
+        if last != Some(now) {
+            let (id, state, leader, term) = now;
+            match (state, leader) {
+                (ServerState::Leader, _) => tracing::info!("node {id} leads (term {term})"),
+                (ServerState::Candidate, _) => {
+                    tracing::info!("node {id} stands for election (term {term})")
+                }
+                (ServerState::Follower, Some(l)) => {
+                    tracing::info!("node {id} follows node {l} (term {term})")
+                }
+                (ServerState::Learner, Some(l)) => {
+                    tracing::info!("node {id} is a learner, fed by node {l} (term {term})")
+                }
+                (ServerState::Shutdown, _) => tracing::info!("node {id} shuts down"),
+                (_, None) => tracing::info!("node {id} has no leader (term {term})"),
+            }
+            last = Some(now);
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Re-reads the policy file on every SIGHUP, logging what changed or why the

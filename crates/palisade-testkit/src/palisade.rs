@@ -113,7 +113,7 @@ impl PalisadeNode {
             .args(["--id", &self.id.to_string(), "--listen", &self.addr()])
             .args(["--listen-peer", &self.peer_addr()])
             .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
+            .arg(self.data_dir())
             .args(&self.extra_args)
             .env(
                 "PALISADE_LOG",
@@ -151,6 +151,11 @@ impl PalisadeNode {
 
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("node.log")
+    }
+
+    /// The node's data directory (`--data-dir`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
     }
 
     /// The node's log output so far (stderr), for failure messages.

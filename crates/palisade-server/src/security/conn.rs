@@ -144,7 +144,7 @@ impl AsyncRead for LimitedConn {
                 this.idle.as_mut().reset(Instant::now() + this.idle_timeout);
             } else if deadline <= Instant::now() {
                 this.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(peer = ?this.info.remote, "closing an idle connection");
+                tracing::debug!(peer = ?this.info.remote, "closing an idle connection");
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "connection idle",
