@@ -7,6 +7,7 @@
 
 mod certs_cmd;
 mod child;
+mod dev_cluster;
 mod fence_cmd;
 mod redis_cmd;
 mod server_cmd;
@@ -32,6 +33,9 @@ struct Cli {
 enum Command {
     /// Run a Palisade node (single-node on a fresh data directory by default).
     Serve(server_cmd::ServeArgs),
+    /// A local cluster in this terminal (3 nodes on 127.0.0.1:7420, 7422,
+    /// 7424), for trying Palisade; Ctrl-C stops it.
+    DevCluster(dev_cluster::DevClusterArgs),
     /// Run CMD holding a correctness lock; CMD gets PALISADE_FENCING_TOKEN.
     Lock(server_cmd::LockArgs),
     /// Cluster status: members, leader, term, commit index.
@@ -81,12 +85,15 @@ fn main() {
         .with_writer(std::io::stderr)
         // Colour codes only for a person at a terminal, never into a log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Module paths help whoever turned on PALISADE_LOG; others read words.
+        .with_target(std::env::var_os("PALISADE_LOG").is_some())
         .init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let code = runtime.block_on(async {
         match cli.command {
             Command::Serve(a) => server_cmd::serve(a).await,
+            Command::DevCluster(a) => dev_cluster::run(a).await,
             Command::Lock(a) => server_cmd::lock(a).await,
             Command::Status(a) => server_cmd::status(a).await,
             Command::Locks(a) => server_cmd::locks(a).await,

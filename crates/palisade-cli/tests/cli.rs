@@ -176,6 +176,70 @@ fn serve_refuses_a_used_data_dir_or_port_before_it_says_serving_or_touches_disk(
     );
 }
 
+/// A first port with the five after it free too (a dev cluster of three).
+fn six_free_ports() -> u16 {
+    loop {
+        let first = palisade_testkit::free_port().unwrap();
+        if first < 65000
+            && (first..first + 6).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        {
+            return first;
+        }
+    }
+}
+
+#[test]
+fn dev_cluster_serves_a_lock_with_only_its_printed_export_line_and_stops_on_ctrl_c() {
+    use std::io::BufRead;
+    let port = six_free_ports();
+    let mut dev = Command::new(bin())
+        .args(["dev-cluster", "--port", &port.to_string()])
+        .env_remove("PALISADE_ENDPOINTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(dev.stdout.take().unwrap()).lines();
+    let export = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find(|l| l.trim_start().starts_with("export "))
+        .expect("an export line");
+    let (var, value) = export
+        .trim_start()
+        .trim_start_matches("export ")
+        .split_once('=')
+        .unwrap();
+    assert_eq!(var, "PALISADE_ENDPOINTS");
+    assert_eq!(value.split(',').count(), 3, "{export}");
+    // The nodes may still be electing their first leader: --retry-for covers it.
+    let out = Command::new(bin())
+        .env(var, value)
+        .args(["lock", "demo", "--retry-for", "60s", "--"])
+        .args(["sh", "-c", "echo $PALISADE_FENCING_TOKEN"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(token > 0);
+    let pid = nix::unistd::Pid::from_raw(dev.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = dev.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "Ctrl-C is a clean stop");
+    // Every node stopped with it: the ports are free again.
+    for p in port..port + 6 {
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", p)).is_ok(),
+            "port {p} still in use"
+        );
+    }
+}
+
 #[test]
 fn lock_stops_the_command_when_the_session_cannot_be_kept_alive() {
     let mut node = PalisadeNode::single(bin()).unwrap();

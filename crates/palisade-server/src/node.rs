@@ -372,7 +372,8 @@ async fn log_role_changes(raft: Raft) {
             let m = metrics.borrow_watched();
             (m.id, m.state, m.current_leader, m.vote.leader_id.term)
         };
-        if last != Some(now) {
+        // The state before the first election (no vote yet) is not news.
+        if last != Some(now) && !(now.2.is_none() && now.3 == 0) {
             let (id, state, leader, term) = now;
             match (state, leader) {
                 (ServerState::Leader, _) => tracing::info!("node {id} leads (term {term})"),
