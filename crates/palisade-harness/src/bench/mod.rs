@@ -1,5 +1,5 @@
 //! `palisade bench …`: measurements that start their own servers. Numbers in the
-//! README come from here, never from tests.
+//! README and docs/benchmarks.md come from here, never from tests.
 
 mod locks;
 mod redis_locks;

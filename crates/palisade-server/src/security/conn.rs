@@ -22,8 +22,8 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
-/// Bounds on what one caller can hold open. Each is documented in the README's
-/// security section and counted in [`Counters`].
+/// Bounds on what one caller can hold open. Each is documented in
+/// docs/security.md and counted in [`Counters`].
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Open connections per listener; more are closed at once after accept.
