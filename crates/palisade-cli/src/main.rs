@@ -7,6 +7,7 @@
 
 mod certs_cmd;
 mod child;
+mod config_file;
 mod dev_cluster;
 mod fence_cmd;
 mod redis_cmd;
@@ -66,9 +67,26 @@ enum Command {
     /// clock jumps against Redis, Redlock, Palisade, ZooKeeper, etcd and
     /// PostgreSQL, with and without fencing.
     Chaos(chaos::ChaosArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell):
+    /// `palisade completions bash > /etc/bash_completion.d/palisade`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `palisade man > palisade.1`.
+    Man,
     /// One client process of `palisade chaos`.
     #[command(hide = true)]
     ChaosWorker(chaos::worker::WorkerArgs),
+}
+
+/// Writes `bytes` to stdout; a reader that went away early (`| head`) is fine.
+fn print_all(bytes: &[u8]) -> anyhow::Result<i32> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
 }
 
 fn main() {
@@ -88,7 +106,15 @@ fn main() {
         // Module paths help whoever turned on PALISADE_LOG; others read words.
         .with_target(std::env::var_os("PALISADE_LOG").is_some())
         .init();
-    let cli = Cli::parse();
+    let args = config_file::merge(
+        <Cli as clap::CommandFactory>::command(),
+        std::env::args_os().collect(),
+    )
+    .unwrap_or_else(|message| {
+        eprintln!("palisade: {message}");
+        std::process::exit(exit::USAGE)
+    });
+    let cli = Cli::parse_from(args);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let code = runtime.block_on(async {
         match cli.command {
@@ -106,6 +132,18 @@ fn main() {
             Command::Bench(c) => bench::run(c).await,
             Command::Chaos(a) => chaos::run(a).await,
             Command::ChaosWorker(a) => chaos::worker::run(a).await,
+            Command::Completions { shell } => {
+                let mut text = Vec::new();
+                let mut cli = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut cli, "palisade", &mut text);
+                print_all(&text)
+            }
+            Command::Man => {
+                let mut text = Vec::new();
+                clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                    .render(&mut text)?;
+                print_all(&text)
+            }
         }
     });
     let code = code.unwrap_or_else(|e| {
@@ -115,4 +153,27 @@ fn main() {
     // Dropping the runtime would wait for background releases; they are best effort.
     runtime.shutdown_timeout(Duration::from_secs(1));
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command, config_file};
+
+    #[test]
+    fn the_documented_config_file_is_read_and_flags_win_over_it() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/serve.toml");
+        let args = ["palisade", "serve", "--config", path, "--id", "2"].map(Into::into);
+        let merged = config_file::merge(Cli::command(), args.to_vec()).expect("docs/serve.toml");
+        let Command::Serve(serve) = Cli::try_parse_from(merged).expect("parses").command else {
+            panic!("not serve");
+        };
+        assert_eq!(serve.id(), 2, "the flag wins");
+        assert_eq!(
+            serve.listen().to_string(),
+            "10.0.0.1:7420",
+            "the file's value"
+        );
+    }
 }

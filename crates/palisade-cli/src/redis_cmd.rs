@@ -117,7 +117,14 @@ async fn lock(a: LockArgs) -> Result<i32> {
         min_uptime: a.min_uptime,
         ..RedlockConfig::default()
     };
-    let manager = Redlock::new(&a.nodes.nodes, config)?;
+    let manager = match Redlock::new(&a.nodes.nodes, config) {
+        Ok(m) => m,
+        Err(e) => {
+            // Bad input, said once (not again as its own cause).
+            eprintln!("palisade: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
     let options = AcquireOptions {
         ttl: a.ttl,
         work: a.work.unwrap_or_default(),

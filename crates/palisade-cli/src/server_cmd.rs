@@ -71,6 +71,10 @@ impl Endpoints {
 /// `palisade serve`.
 #[derive(Args)]
 pub struct ServeArgs {
+    /// Read flags from this TOML file, keys named as the long flags
+    /// (`data-dir = "/var/lib/palisade"`); flags and PALISADE_* variables win.
+    #[arg(long, env = "PALISADE_CONFIG")]
+    config: Option<PathBuf>,
     /// This node's id.
     #[arg(long, default_value_t = 1)]
     id: u64,
@@ -128,6 +132,19 @@ pub struct ServeArgs {
     /// Snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
+}
+
+#[cfg(test)]
+impl ServeArgs {
+    /// This node's id, as given.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The client listen address, as given.
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
 }
 
 /// `palisade lock`.

@@ -641,3 +641,87 @@ fn a_cut_off_holder_is_stopped_before_the_next_grant_on_every_backend() {
         p.link(),
     );
 }
+
+#[test]
+fn serve_takes_its_flags_from_a_config_file_and_a_flag_wins_over_it() {
+    let ports = palisade_testkit::free_ports(4).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{}\"\nlisten-peer = \"127.0.0.1:{}\"\ndata-dir = \"{}\"\nsnapshot-every = 500\n",
+            ports[0],
+            ports[1],
+            data.display()
+        ),
+    )
+    .unwrap();
+    let flag_listen = format!("127.0.0.1:{}", ports[2]);
+    let mut node = Command::new(bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", &flag_listen])
+        .args(["--listen-peer", &format!("127.0.0.1:{}", ports[3])])
+        .env("PALISADE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The flag's address serves; the file's data directory holds the data.
+    let out = Command::new(bin())
+        .args(["lock", "from-config", "--endpoints", &flag_listen])
+        .args(["--retry-for", "60s", "--", "true"])
+        .output()
+        .unwrap();
+    let _ = node.kill();
+    let _ = node.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(data.join("serve.lock").exists(), "data-dir from the file");
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", ports[0])).is_ok(),
+        "the file's listen address was overridden by the flag"
+    );
+
+    std::fs::write(&config, "data-dri = \"/tmp/x\"\n").unwrap();
+    let out = Command::new(bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.matches("unknown key \"data-dri\"").count(), 1, "{err}");
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_command_line_definition() {
+    let run = |args: &[&str]| {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for shell in ["bash", "zsh", "fish"] {
+        let script = run(&["completions", shell]);
+        for sub in ["dev-cluster", "check-token", "serve"] {
+            assert!(script.contains(sub), "{shell} completion lacks {sub}");
+        }
+    }
+    let man = run(&["man"]);
+    assert!(
+        man.contains(".TH palisade 1"),
+        "{}",
+        &man[..200.min(man.len())]
+    );
+    assert!(man.contains("fencing"), "the man page has the description");
+    let version = run(&["--version"]);
+    assert!(version.contains("(commit "), "{version}");
+}

@@ -47,7 +47,7 @@ pub enum RedisLockError {
     #[error("invalid input: {0}")]
     InvalidInput(#[from] InputError),
     /// Fewer than a majority of the nodes granted.
-    #[error("no quorum: needed {needed} of {nodes} nodes, got {counts}")]
+    #[error("no quorum: needed {needed} of {nodes} nodes, got {counts}{}", failures.iter().map(|f| format!("; {f}")).collect::<String>())]
     NoQuorum {
         /// Nodes needed: ⌊N/2⌋+1.
         needed: usize,
@@ -55,6 +55,9 @@ pub enum RedisLockError {
         nodes: usize,
         /// How the nodes answered.
         counts: NodeCounts,
+        /// `URL: why` for each node that timed out or failed (connection
+        /// refused, an error reply).
+        failures: Vec<String>,
     },
     /// A majority granted, but too slowly: what is left of the lease after the
     /// elapsed time and the drift allowance is not enough for the stated work.

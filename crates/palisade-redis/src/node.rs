@@ -52,12 +52,19 @@ pub(crate) struct Node {
     /// The delayed-restart rule: a node up for less than this is not asked to
     /// grant or extend. Its `INFO server` is read on every new connection.
     min_uptime: Option<Duration>,
+    /// Why the last request to this node did not get an answer (refused
+    /// connection, timeout, an error reply); `None` after one that did. Named in
+    /// a failed round's error, so a person sees which node failed and why.
+    last_failure: Mutex<Option<String>>,
 }
 
 impl Node {
     pub fn new(url: &str, min_uptime: Option<Duration>) -> Result<Node, InputError> {
-        let parsed = url::Url::parse(url)
-            .map_err(|e| InputError::Invalid(format!("redis node URL {url:?}: {e}")))?;
+        let parsed = url::Url::parse(url).map_err(|e| {
+            InputError::Invalid(format!(
+                "redis node URL {url:?}: {e}; expected redis://HOST:PORT"
+            ))
+        })?;
         if !matches!(parsed.scheme(), "redis" | "rediss") || parsed.host_str().is_none() {
             return Err(InputError::Invalid(format!(
                 "redis node URL {url:?}: expected redis://HOST:PORT"
@@ -75,6 +82,7 @@ impl Node {
             conn: Mutex::new(None),
             uptime: Mutex::new(None),
             min_uptime,
+            last_failure: Mutex::new(None),
         })
     }
 
@@ -148,19 +156,33 @@ impl Node {
             }
             request(conn).await.map(Some)
         };
-        match tokio::time::timeout(timeout, attempt).await {
-            Err(_) => Answer::TimedOut,
-            Ok(Ok(None)) => Answer::Ineligible,
-            Ok(Ok(Some(true))) => Answer::Granted,
-            Ok(Ok(Some(false))) => Answer::Refused,
+        let timed_out = || format!("no answer within {timeout:?}");
+        let (answer, failure) = match tokio::time::timeout(timeout, attempt).await {
+            Err(_) => (Answer::TimedOut, Some(timed_out())),
+            Ok(Ok(None)) => (Answer::Ineligible, None),
+            Ok(Ok(Some(true))) => (Answer::Granted, None),
+            Ok(Ok(Some(false))) => (Answer::Refused, None),
             // The client library's own connect timeout is the per-node timeout too.
-            Ok(Err(e)) if e.is_timeout() => Answer::TimedOut,
+            Ok(Err(e)) if e.is_timeout() => (Answer::TimedOut, Some(timed_out())),
             Ok(Err(e)) => {
                 tracing::debug!(node = %self.display, error = %e, "redis request failed");
                 self.forget_connection_after(&e);
-                Answer::Failed
+                let why = if e.is_connection_refusal() {
+                    "connection refused".to_owned()
+                } else {
+                    e.to_string()
+                };
+                (Answer::Failed, Some(why))
             }
-        }
+        };
+        *self.last_failure.lock().expect("poisoned") = failure;
+        answer
+    }
+
+    /// `URL: why` for a node whose last request got no answer.
+    pub fn last_failure(&self) -> Option<String> {
+        let why = self.last_failure.lock().expect("poisoned").clone()?;
+        Some(format!("{}: {why}", self.display))
     }
 
     /// `SET key value NX PX ttl`: granted when the key was free.

@@ -300,6 +300,12 @@ impl Redlock {
                 needed: self.inner.quorum,
                 nodes: self.inner.nodes.len(),
                 counts: tally.counts,
+                failures: self
+                    .inner
+                    .nodes
+                    .iter()
+                    .filter_map(|n| n.last_failure())
+                    .collect(),
             }
         } else {
             match validity(t.ttl, elapsed, t.drift).filter(|v| *v >= work) {

@@ -65,8 +65,15 @@ async fn three_of_five_down_fails_and_leaves_no_key() {
             needed: 3,
             nodes: 5,
             counts,
+            failures,
         }) => {
             assert_eq!(counts.failed, 3);
+            // Each killed node is named, with why.
+            assert_eq!(failures.len(), 3, "{failures:?}");
+            assert!(
+                failures.iter().all(|f| f.contains("connection refused")),
+                "{failures:?}"
+            );
             assert!(counts.granted <= 2);
         }
         other => panic!("expected no quorum, got {other:?}"),
