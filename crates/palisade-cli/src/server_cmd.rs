@@ -43,6 +43,11 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
+    /// "waiting for a leader at A, B", for [`with_progress`].
+    fn waiting(&self) -> String {
+        format!("waiting for a leader at {}", self.endpoints.join(", "))
+    }
+
     /// The client configuration these options describe.
     ///
     /// # Errors
@@ -353,7 +358,16 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
         lock_delay: a.lock_delay,
     };
     let acquired = async {
-        let locks = backends::connect(&url, &spec).await?;
+        let locks = with_progress(
+            // Other backends' URLs may hold a password: name only the scheme.
+            if url.scheme == "palisade" {
+                format!("waiting for a leader at {}", url.rest)
+            } else {
+                format!("connecting to the {} backend", url.scheme)
+            },
+            backends::connect(&url, &spec),
+        )
+        .await?;
         match locks.acquire(&a.name, &options).await {
             Ok(lease) => Ok((locks, lease)),
             Err(e) => {
@@ -419,6 +433,35 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
     Ok(outcome)
 }
 
+/// Awaits `work`; if it takes more than a second (nodes down, an election),
+/// says so on stderr — a counter on a terminal, one line otherwise — so that a
+/// person does not stare at a silent command.
+async fn with_progress<T>(what: String, work: impl std::future::Future<Output = T>) -> T {
+    use std::io::IsTerminal;
+    let terminal = std::io::stderr().is_terminal();
+    let started = std::time::Instant::now();
+    tokio::pin!(work);
+    let mut shown = false;
+    loop {
+        tokio::select! {
+            out = &mut work => {
+                if shown && terminal {
+                    eprintln!();
+                }
+                return out;
+            }
+            () = tokio::time::sleep(Duration::from_secs(1)) => {
+                if terminal {
+                    eprint!("\rpalisade: {what}… {} s", started.elapsed().as_secs());
+                } else if !shown {
+                    eprintln!("palisade: {what}…");
+                }
+                shown = true;
+            }
+        }
+    }
+}
+
 /// What to try when the cluster could not be reached, by what the nodes did;
 /// empty when the failure says enough.
 fn unreachable_hint(message: &str) -> &'static str {
@@ -464,7 +507,7 @@ pub async fn status(a: QueryArgs) -> Result<i32> {
         Ok(admin) => admin,
         Err(code) => return Ok(code),
     };
-    let s = match admin.status().await {
+    let s = match with_progress(a.endpoints.waiting(), admin.status()).await {
         Ok(s) => s,
         Err(e) => return Ok(query_failed("no node answered", &e, exit::FAILURE)),
     };
@@ -552,7 +595,7 @@ pub async fn locks(a: QueryArgs) -> Result<i32> {
         Ok(admin) => admin,
         Err(code) => return Ok(code),
     };
-    let locks = match admin.list().await {
+    let locks = match with_progress(a.endpoints.waiting(), admin.list()).await {
         Ok(locks) => locks,
         Err(e) => return Ok(query_failed("no leader answered", &e, exit::FAILURE)),
     };
@@ -602,10 +645,11 @@ pub async fn check_token(a: CheckTokenArgs) -> Result<i32> {
         Ok(admin) => admin,
         Err(code) => return Ok(code),
     };
-    let (current, holder) = match admin.check_token(&a.name, a.token).await {
-        Ok(answer) => answer,
-        Err(e) => return Ok(query_failed("could not ask", &e, exit::NOT_ASKED)),
-    };
+    let (current, holder) =
+        match with_progress(a.endpoints.waiting(), admin.check_token(&a.name, a.token)).await {
+            Ok(answer) => answer,
+            Err(e) => return Ok(query_failed("could not ask", &e, exit::NOT_ASKED)),
+        };
     if a.json {
         println!(
             "{}",
