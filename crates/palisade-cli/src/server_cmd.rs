@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use palisade_client::{Admin, ClientConfig, ClientError, FencingToken, TlsOptions};
 use palisade_core::{LockError, LockOptions};
@@ -235,9 +235,13 @@ pub enum ClusterCommand {
 /// Runs a node until SIGINT/SIGTERM.
 pub async fn serve(a: ServeArgs) -> Result<i32> {
     let initial_cluster = match &a.initial_cluster {
-        Some(s) => {
-            palisade_server::service::parse_initial_cluster(s).map_err(anyhow::Error::msg)?
-        }
+        Some(s) => match palisade_server::service::parse_initial_cluster(s) {
+            Ok(members) => members,
+            Err(e) => {
+                eprintln!("palisade: --initial-cluster {e}");
+                return Ok(exit::USAGE);
+            }
+        },
         None => Default::default(),
     };
     let listen_peer = match a.listen_peer {
@@ -317,11 +321,19 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         },
         a.data_dir.display()
     );
-    palisade_server::run_until(config, crate::child::interrupted(), move || {
+    let served = palisade_server::run_until(config, crate::child::interrupted(), move || {
         eprintln!("{serving}");
     })
-    .await?;
-    Ok(0)
+    .await;
+    match served {
+        Ok(()) => Ok(0),
+        // A configuration that cannot work is bad input, like a bad flag.
+        Err(e @ palisade_server::ServerError::Config(_)) => {
+            eprintln!("palisade: {e}");
+            Ok(exit::USAGE)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Runs CMD holding the lock, on whichever backend `--backend` names (default:
@@ -674,35 +686,46 @@ pub async fn check_token(a: CheckTokenArgs) -> Result<i32> {
 
 /// `palisade cluster …`.
 pub async fn cluster(c: ClusterCommand) -> Result<i32> {
+    let endpoints = match &c {
+        ClusterCommand::AddLearner { endpoints, .. }
+        | ClusterCommand::SetVoters { endpoints, .. }
+        | ClusterCommand::Snapshot { endpoints } => endpoints.clone(),
+    };
+    let admin = match admin(&endpoints) {
+        Ok(admin) => admin,
+        Err(code) => return Ok(code),
+    };
+    let waiting = endpoints.waiting();
     match c {
-        ClusterCommand::AddLearner {
-            id,
-            addr,
-            endpoints,
-        } => {
-            let index = Admin::new(&endpoints.config()?)?
-                .add_learner(id, &addr)
-                .await?;
-            println!("node {id} ({addr}) added as a learner at log index {index}");
-        }
-        ClusterCommand::SetVoters { voters, endpoints } => {
-            if voters.is_empty() {
-                bail!("give at least one voter");
+        ClusterCommand::AddLearner { id, addr, .. } => {
+            match with_progress(waiting, admin.add_learner(id, &addr)).await {
+                Ok(index) => {
+                    println!("node {id} ({addr}) added as a learner at log index {index}");
+                }
+                Err(e) => return Ok(query_failed("add-learner", &e, exit::FAILURE)),
             }
-            let index = Admin::new(&endpoints.config()?)?
-                .change_membership(&voters)
-                .await?;
-            println!("voters are now {voters:?} (log index {index})");
         }
-        ClusterCommand::Snapshot { endpoints } => {
-            let s = Admin::new(&endpoints.config()?)?.take_snapshot().await?;
-            println!(
-                "node {}: snapshot at log index {}, {}, built in {} ms",
-                s.id,
-                s.index,
-                human_bytes(s.bytes),
-                s.build.as_millis()
-            );
+        ClusterCommand::SetVoters { voters, .. } => {
+            if voters.is_empty() {
+                eprintln!("palisade: give at least one voter");
+                return Ok(exit::USAGE);
+            }
+            match with_progress(waiting, admin.change_membership(&voters)).await {
+                Ok(index) => println!("voters are now {voters:?} (log index {index})"),
+                Err(e) => return Ok(query_failed("set-voters", &e, exit::FAILURE)),
+            }
+        }
+        ClusterCommand::Snapshot { .. } => {
+            match with_progress(waiting, admin.take_snapshot()).await {
+                Ok(s) => println!(
+                    "node {}: snapshot at log index {}, {}, built in {} ms",
+                    s.id,
+                    s.index,
+                    human_bytes(s.bytes),
+                    s.build.as_millis()
+                ),
+                Err(e) => return Ok(query_failed("snapshot", &e, exit::FAILURE)),
+            }
         }
     }
     Ok(0)

@@ -725,3 +725,28 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
     let version = run(&["--version"]);
     assert!(version.contains("(commit "), "{version}");
 }
+
+#[test]
+fn serve_calls_an_impossible_configuration_bad_input_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let port = palisade_testkit::free_port().unwrap();
+    for bad in [
+        vec!["--id", "0"],
+        vec!["--initial-cluster", "garbage"],
+        vec!["--initial-cluster", "2=127.0.0.1:9"],
+    ] {
+        let out = Command::new(bin())
+            .arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(&bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "said once: {err}");
+        assert!(!data.exists(), "{bad:?} created the data directory");
+    }
+}

@@ -1,5 +1,5 @@
-//! The README's console examples are real: each `$ command` in a ```console
-//! block runs against a fresh single node, and what it prints must have the
+//! The README's console examples are real (and docs/json.md's): each
+//! `$ command` in a ```console block runs against a fresh single node per file, and what it prints must have the
 //! README's shape — the same lines, up to numbers (tokens, ports, pids,
 //! timings), the host name and runs of spaces.
 //!
@@ -65,15 +65,13 @@ fn shape(lines: &[String], host: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn every_console_example_in_the_readme_prints_what_the_readme_shows() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("README.md at the workspace root");
-    let all = examples(&readme);
-    assert!(
-        all.len() >= 8,
-        "the README's examples were not found: {all:?}"
-    );
+/// Runs every console example of `file` (relative to the workspace root) in
+/// order against a fresh node; returns how many ran.
+fn check_examples(file: &str) -> usize {
+    let text = std::fs::read_to_string(format!("{}/../../{file}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let all = examples(&text);
+    assert!(!all.is_empty(), "no console examples found in {file}");
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .expect("host name")
         .trim()
@@ -106,12 +104,24 @@ fn every_console_example_in_the_readme_prints_what_the_readme_shows() {
         assert_eq!(
             shape(&printed, &host),
             shape(shown, &host),
-            "README example `{cmd}` printed:\n{}",
+            "{file} example `{cmd}` printed:\n{}",
             printed.join("\n")
         );
         ran += 1;
     }
-    assert!(ran >= 8, "only {ran} examples ran");
+    ran
+}
+
+#[test]
+fn every_console_example_in_the_readme_prints_what_the_readme_shows() {
+    let ran = check_examples("README.md");
+    assert!(ran >= 8, "only {ran} README examples ran");
+}
+
+#[test]
+fn every_json_example_in_the_docs_prints_what_the_docs_show() {
+    let ran = check_examples("docs/json.md");
+    assert!(ran >= 5, "only {ran} JSON examples ran");
 }
 
 #[test]
