@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use palisade_client::{AcquireOptions, Admin, Client, ClientConfig, ClientError, FencingToken};
 use palisade_proto::ErrorCode;
 use palisade_proto::v1::locks_client::LocksClient;
-use palisade_proto::v1::{AcquireRequest, CreateSessionRequest, KeepAliveRequest, ReleaseRequest};
+use palisade_proto::v1::{
+    AcquireRequest, CancelAcquireRequest, CreateSessionRequest, KeepAliveRequest, ReleaseRequest,
+};
 use palisade_testkit::PalisadeNode;
 
 fn bin() -> &'static Path {
@@ -292,6 +294,59 @@ async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
     assert_eq!(ErrorCode::of(&err), Some(ErrorCode::UnknownSession));
     let info = c.get("job").await.unwrap().unwrap();
     assert_eq!(info.holder.map(|h| h.token), Some(g.token()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_acquire_answers_the_blocked_acquire_with_cancelled() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let c = client(&[&node]).await;
+    let guard = c.acquire("job", &now_or_never()).await.expect("acquire");
+    let held = guard.token();
+    let (mut raw, session, key) = abandoned_session(&node.addr(), 120_000).await;
+    let mut waiter = raw.clone();
+    let wait_key = key.clone();
+    // Waits up to an hour: only the cancel can end it within the test.
+    let blocked = tokio::spawn(async move {
+        waiter
+            .acquire(AcquireRequest {
+                session_id: session,
+                name: "job".into(),
+                wait_ms: 3_600_000,
+                lock_delay_ms: 0,
+                session_key: wait_key,
+            })
+            .await
+    });
+    eventually("the raw session queued for job", || async {
+        c.get("job")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|l| l.waiters.iter().any(|w| w.get() == session))
+    })
+    .await;
+    raw.cancel_acquire(CancelAcquireRequest {
+        session_id: session,
+        name: "job".into(),
+        session_key: key,
+    })
+    .await
+    .expect("cancelled");
+    let answer = tokio::time::timeout(Duration::from_secs(120), blocked)
+        .await
+        .expect("the blocked acquire is answered once cancelled, not after its hour")
+        .unwrap();
+    let status = answer.expect_err("a cancelled wait grants nothing");
+    assert_eq!(
+        ErrorCode::of(&status),
+        Some(ErrorCode::Cancelled),
+        "{status:?}"
+    );
+    // Nothing else changed: the holder still holds, nobody waits.
+    let view = c.get("job").await.unwrap().unwrap();
+    assert_eq!(view.holder.map(|h| h.token), Some(held));
+    assert!(view.waiters.is_empty(), "{:?}", view.waiters);
+    guard.release().await.expect("release");
 }
 
 /// A grant whose answer reaches the client only after its session's guarantee

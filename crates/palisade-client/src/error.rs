@@ -51,6 +51,10 @@ pub enum ClientError {
     /// No leader answered in time. The outcome of a write is unknown.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
+    /// The waiting acquire was cancelled (`cancel_acquire` of this session);
+    /// nothing was granted.
+    #[error("the wait was cancelled")]
+    Cancelled,
     /// The server answered something this client does not understand.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -95,6 +99,7 @@ impl ClientError {
             Some(ErrorCode::LimitReached) => ClientError::LimitReached(msg),
             Some(ErrorCode::Unauthenticated) => ClientError::Unauthenticated(msg),
             Some(ErrorCode::PermissionDenied) => ClientError::PermissionDenied(msg),
+            Some(ErrorCode::Cancelled) => ClientError::Cancelled,
             Some(ErrorCode::NotLeader | ErrorCode::Unavailable) | None => {
                 ClientError::Unavailable(format!("{}: {msg}", status.code()))
             }
@@ -109,7 +114,8 @@ impl From<ClientError> for palisade_core::LockError {
         match e {
             ClientError::InvalidInput(m) => L::InvalidInput(m),
             ClientError::WouldBlock => L::WouldBlock,
-            ClientError::WaitTimeout => L::WaitTimeout,
+            // A cancelled wait ended ungranted, as one that ran out does.
+            ClientError::WaitTimeout | ClientError::Cancelled => L::WaitTimeout,
             ClientError::SessionExpired => L::SessionExpired,
             ClientError::GrantTooLate => L::GrantTooLate,
             ClientError::NotHolder(m) | ClientError::StaleToken { detail: m, .. } => {

@@ -49,11 +49,13 @@ pub enum ErrorCode {
     Unauthenticated,
     /// The caller is known but its roles do not allow this call on this name.
     PermissionDenied,
+    /// The waiting acquire was cancelled (`CancelAcquire` by its session).
+    Cancelled,
 }
 
 impl ErrorCode {
     /// Every code, for tests and docs.
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::NotLeader,
         ErrorCode::InvalidInput,
         ErrorCode::UnknownSession,
@@ -65,6 +67,7 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::Unauthenticated,
         ErrorCode::PermissionDenied,
+        ErrorCode::Cancelled,
     ];
 
     /// The wire form.
@@ -81,6 +84,7 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::PermissionDenied => "permission_denied",
+            ErrorCode::Cancelled => "cancelled",
         }
     }
 
@@ -101,6 +105,7 @@ impl ErrorCode {
             ErrorCode::LimitReached => tonic::Code::ResourceExhausted,
             ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorCode::PermissionDenied => tonic::Code::PermissionDenied,
+            ErrorCode::Cancelled => tonic::Code::Cancelled,
         };
         let mut status = tonic::Status::new(grpc, message);
         status.metadata_mut().insert(

@@ -27,7 +27,7 @@ use crate::leader_check::LeaderCheck;
 use crate::leases::{KeepAliveError, LeaseKeeper};
 use crate::proposer::{ProposeError, Proposer};
 use crate::security::{Caller, Gatekeeper, new_session_key, same_secret, session_key_digest};
-use crate::store::sm::Shared;
+use crate::store::sm::{Shared, WaitEnd};
 use crate::typ::{NodeAddr, NodeId, Raft, default_peer_addr};
 
 /// The longest an acquire may wait in one call: one hour. Longer waits are a
@@ -467,9 +467,14 @@ impl Locks for Api {
                 )));
             }
             Ok(Reply::Queued { .. }) => match tokio::time::timeout(wait, granted).await {
-                Ok(Ok(token)) => {
+                Ok(Ok(WaitEnd::Granted(token))) => {
                     guard.disarm();
                     token
+                }
+                Ok(Ok(WaitEnd::Cancelled)) => {
+                    guard.disarm();
+                    return Err(ErrorCode::Cancelled
+                        .status(format!("the wait for lock {:?} was cancelled", r.name)));
                 }
                 Ok(Err(_)) => {
                     guard.disarm();

@@ -27,9 +27,19 @@ use crate::typ::{
     TypeConfig,
 };
 
+/// How a waiting acquire ends, as the state machine tells its call. (The
+/// session ending drops the sender instead.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// The lock was granted to the waiter with this token.
+    Granted(FencingToken),
+    /// The session cancelled the wait (`CancelAcquire`).
+    Cancelled,
+}
+
 /// A waiter's "the lock is yours" channel, registered before its acquire is
 /// proposed so that a grant applied in between cannot be missed.
-type GrantSender = oneshot::Sender<FencingToken>;
+type GrantSender = oneshot::Sender<WaitEnd>;
 
 /// State shared between the state machine (writer) and the gRPC services
 /// (readers, waiters).
@@ -106,7 +116,7 @@ impl Shared {
     }
 
     /// Registers interest in a grant of `name` to `session`.
-    pub fn watch_grant(&self, session: SessionId, name: &str) -> oneshot::Receiver<FencingToken> {
+    pub fn watch_grant(&self, session: SessionId, name: &str) -> oneshot::Receiver<WaitEnd> {
         let (tx, rx) = oneshot::channel();
         self.waiters
             .lock()
@@ -130,8 +140,21 @@ impl Shared {
         let mut waiters = self.waiters.lock().expect("poisoned");
         for g in grants {
             if let Some(tx) = waiters.remove(&(g.session, g.name.clone())) {
-                let _ = tx.send(g.token);
+                let _ = tx.send(WaitEnd::Granted(g.token));
             }
+        }
+    }
+
+    /// Answers the call waiting for `name` in `session`, if any: its wait was
+    /// cancelled, so it ends now instead of when its own wait runs out.
+    fn cancel_waiter(&self, session: SessionId, name: &str) {
+        if let Some(tx) = self
+            .waiters
+            .lock()
+            .expect("poisoned")
+            .remove(&(session, name.to_owned()))
+        {
+            let _ = tx.send(WaitEnd::Cancelled);
         }
     }
 
@@ -243,9 +266,20 @@ impl StateMachineStore {
                         _ => None,
                     })
                     .collect();
+                // A cancelled wait's call is answered at once (see `cancel_waiter`).
+                let cancels: Vec<Option<(SessionId, String)>> = cmds
+                    .iter()
+                    .map(|cmd| match cmd {
+                        Command::CancelWait { session, name } => Some((*session, name.clone())),
+                        _ => None,
+                    })
+                    .collect();
                 let applied = machine.apply_batch(index, cmds);
                 let mut events = Vec::new();
                 for (i, a) in applied.iter().enumerate() {
+                    if let (Ok(_), Some(Some((session, name)))) = (&a.outcome, cancels.get(i)) {
+                        self.shared.cancel_waiter(*session, name);
+                    }
                     match &a.outcome {
                         Ok(Reply::SessionCreated { session }) => {
                             if let Some(Some(ttl_ms)) = ttls.get(i) {
