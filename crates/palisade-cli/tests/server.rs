@@ -296,6 +296,46 @@ async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
     assert_eq!(info.holder.map(|h| h.token), Some(g.token()));
 }
 
+/// The first release reaches the server but its answer is held past the
+/// client's request timeout; the retry finds the grant gone and must still say
+/// "released", since it was this release that did it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_retried_after_its_answer_was_lost_answers_success() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let proxy = palisade_faultproxy::FaultProxy::start(node.addr().parse().unwrap())
+        .await
+        .unwrap();
+    let mut config = ClientConfig::new([proxy.addr().to_string()]);
+    config.session_ttl = Duration::from_secs(60);
+    config.rpc_timeout = Duration::from_millis(500);
+    config.retry_for = Duration::from_secs(300);
+    let c = Client::connect(config).await.unwrap();
+    let guard = c.acquire("job", &now_or_never()).await.expect("acquire");
+    let direct = client(&[&node]).await;
+    // Every byte through the proxy now arrives 3 s late: longer than a request
+    // may take, so the release's answer is lost and the client retries.
+    proxy.link().set_delay(Duration::from_secs(3));
+    let release = tokio::spawn(guard.release());
+    eventually("the first release reached the server", || async {
+        direct
+            .get("job")
+            .await
+            .ok()
+            .flatten()
+            .is_none_or(|l| l.holder.is_none())
+    })
+    .await;
+    proxy.link().heal();
+    let answer = tokio::time::timeout(Duration::from_secs(300), release)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(
+        answer.is_ok(),
+        "a retried release of our own grant: {answer:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_acquire_answers_the_blocked_acquire_with_cancelled() {
     let node = PalisadeNode::single(bin()).unwrap();

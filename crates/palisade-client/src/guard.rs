@@ -102,19 +102,36 @@ impl FencedGuard {
 
 async fn release(client: &Client, name: &str, token: FencingToken) -> Result<(), ClientError> {
     let session = client.session.id.get();
-    client
+    let attempts = std::sync::atomic::AtomicUsize::new(0);
+    let answer = client
         .conn
         .call(client.conn.retry_for, |ch| {
-            let req = ReleaseRequest {
+            attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut req = tonic::Request::new(ReleaseRequest {
                 session_id: session,
                 name: name.to_owned(),
                 token: token.get(),
                 session_key: client.session.key.clone(),
-            };
+            });
+            // A connection that went silent (a partitioned leader) is given up
+            // on and the release retried elsewhere, instead of hanging.
+            req.set_timeout(client.conn.rpc_timeout);
             async move { LocksClient::new(ch).release(req).await }
         })
-        .await
-        .map(|_| ())
+        .await;
+    match answer {
+        // A retry (the first attempt's answer was lost: a timeout, a leader
+        // change) that finds the grant gone: the first attempt released it.
+        // Nothing else can have: the server answered, so the session is alive,
+        // and while a session lives only its own release ends its grant
+        // (expiry ends the session; a grant is never taken away otherwise).
+        Err(ClientError::NotHolder(_) | ClientError::StaleToken { .. })
+            if attempts.load(std::sync::atomic::Ordering::Relaxed) > 1 =>
+        {
+            Ok(())
+        }
+        other => other.map(|_| ()),
+    }
 }
 
 impl Drop for FencedGuard {
