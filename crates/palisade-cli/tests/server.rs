@@ -336,6 +336,59 @@ async fn a_release_retried_after_its_answer_was_lost_answers_success() {
     );
 }
 
+/// `AcquireRequest` with its name as raw bytes, to send what no client would.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawAcquire {
+    #[prost(uint64, tag = "1")]
+    session_id: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    name: Vec<u8>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_input_not_server_faults() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let send = |name: Vec<u8>| {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        async move {
+            grpc.ready().await.unwrap();
+            let codec =
+                tonic_prost::ProstCodec::<RawAcquire, palisade_proto::v1::AcquireResponse>::default(
+                );
+            grpc.unary(
+                tonic::Request::new(RawAcquire {
+                    session_id: 1,
+                    name,
+                }),
+                http::uri::PathAndQuery::from_static("/palisade.v1.Locks/Acquire"),
+                codec,
+            )
+            .await
+            .expect_err("refused")
+        }
+    };
+    for (what, name) in [
+        ("invalid UTF-8", vec![0xff, 0xfe, b'x']),
+        ("a message over the size limit", vec![b'x'; 5 << 20]),
+    ] {
+        let status = send(name).await;
+        assert_eq!(
+            ErrorCode::of(&status),
+            Some(ErrorCode::InvalidInput),
+            "{what}: {status:?}"
+        );
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{what}");
+    }
+    // The node is unharmed and nothing was written.
+    let c = client(&[&node]).await;
+    assert!(c.list().await.unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_acquire_answers_the_blocked_acquire_with_cancelled() {
     let node = PalisadeNode::single(bin()).unwrap();

@@ -11,7 +11,8 @@
 //!   log entry; a new leader restarts every countdown at full TTL.
 //! - [`proposer`]: group commit — concurrent commands on different locks share
 //!   one log entry (and one fsync).
-//! - [`service`]: the gRPC API; [`network`]: Raft traffic between nodes.
+//! - [`service`]: the gRPC API ([`wire_errors`]: undecodable requests are
+//!   `invalid_input`); [`network`]: Raft traffic between nodes.
 //! - [`security`]: TLS, separate client and peer listeners, authentication,
 //!   roles by lock-name prefix, session ownership, connection limits.
 //! - [`node`]: wiring it together.
@@ -30,5 +31,6 @@ pub mod security;
 pub mod service;
 pub mod store;
 pub mod typ;
+pub mod wire_errors;
 
 pub use node::{ServerConfig, ServerError, run, run_until};

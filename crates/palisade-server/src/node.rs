@@ -306,7 +306,7 @@ pub async fn run_until(
         None => (Ok(builder()), Ok(builder())),
     };
     let tls_err = |e: tonic::transport::Error| ServerError::Security(e.to_string());
-    let (mut client_server, mut peer_server) = (
+    let (client_server, mut peer_server) = (
         client_server.map_err(tls_err)?,
         peer_server.map_err(tls_err)?,
     );
@@ -315,6 +315,9 @@ pub async fn run_until(
         let _ = rx.wait_for(|s| *s).await;
     };
     let clients = client_server
+        .layer(tower::util::MapResponseLayer::new(
+            crate::wire_errors::mark::<tonic::body::Body>,
+        ))
         .add_service(api.locks())
         .add_service(api.cluster())
         .serve_with_incoming_shutdown(
