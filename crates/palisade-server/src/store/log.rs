@@ -44,7 +44,9 @@ enum Op {
     Append(Vec<Record>, IOFlushed<TypeConfig>),
     /// Written when the next batch someone waits for is (see `write_loop`).
     Unawaited(Record),
-    Vote(Record, mpsc::SyncSender<io::Result<()>>),
+    /// Answered on a tokio channel: `save_vote` awaits it rather than block a
+    /// runtime thread for an fsync.
+    Vote(Record, tokio::sync::oneshot::Sender<io::Result<()>>),
 }
 
 /// The in-memory mirror of the durable log.
@@ -355,9 +357,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<()> {
         let bytes = serde_json::to_vec(vote).map_err(io_err)?;
-        let (tx, rx) = mpsc::sync_channel(1);
+        let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Op::Vote(Record::Vote(bytes), tx))?;
-        rx.recv()
+        rx.await
             .map_err(|_| io_err("the log writer thread has stopped"))??;
         self.mem.write().expect("poisoned").vote = Some(*vote);
         Ok(())
