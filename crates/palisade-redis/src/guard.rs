@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use palisade_core::LeaseState;
 use tokio::sync::watch;
 
+use crate::batch::Request;
 use crate::budget::validity;
 use crate::error::{NodeCounts, RedisLockError};
 use crate::redlock::{Redlock, Timings};
-use crate::tally::gather;
 
 /// Proof of a Redis or Redlock acquisition, valid until [`RedisGuard::remaining`]
 /// reaches zero.
@@ -107,11 +107,10 @@ impl RedisGuard {
         if start >= old_deadline {
             return Err(self.expired());
         }
-        let requests = inner
-            .nodes
-            .iter()
-            .map(|n| n.extend(t.node_timeout, &self.name, &self.value, t.ttl));
-        let tally = gather(requests, inner.quorum, false).await;
+        let extend = Request::Extend {
+            ttl_ms: t.ttl.as_millis() as u64,
+        };
+        let tally = inner.ask(extend, &self.name, &self.value, t, false).await;
         let end = Instant::now();
         if !tally.reached() {
             return Err(RedisLockError::NotHolder {
@@ -151,11 +150,10 @@ impl RedisGuard {
         self.released = true;
         let inner = &self.manager.inner;
         let t = self.timings;
-        let requests = inner
-            .nodes
-            .iter()
-            .map(|n| n.release(t.node_timeout, &self.name, &self.value));
-        let counts = gather(requests, inner.quorum, false).await.counts;
+        let counts = inner
+            .ask(Request::Release, &self.name, &self.value, t, false)
+            .await
+            .counts;
         if counts.granted == 0 {
             return Err(RedisLockError::NotHolder {
                 name: self.name.clone(),

@@ -28,6 +28,7 @@
 //!   algorithm needs; `tally` (private): deciding as soon as the answers settle it.
 
 pub mod audit;
+mod batch;
 pub mod budget;
 mod error;
 mod guard;

@@ -1,12 +1,14 @@
-//! One Redis node: its connection and the three commands the lock algorithm needs.
+//! One Redis node: its connection and the three commands the lock algorithm
+//! needs, sent in batches (see `batch`).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use palisade_core::InputError;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisResult};
+use redis::{AsyncConnectionConfig, RedisResult, Value};
 
+use crate::batch::{Item, Request};
 use crate::tally::Answer;
 
 /// Deletes the key only if it still holds our value, so a holder whose lease ran
@@ -137,33 +139,65 @@ impl Node {
         }
     }
 
-    /// Runs one request with the per-node timeout and classifies the answer.
-    /// With `check_uptime`, a node younger than the minimum uptime is not sent
-    /// the request: the check comes after connecting, so a node is never asked
-    /// before its uptime is known.
-    async fn ask<F, Fut>(&self, timeout: Duration, check_uptime: bool, request: F) -> Answer
-    where
-        F: FnOnce(MultiplexedConnection) -> Fut,
-        Fut: Future<Output = RedisResult<bool>>,
-    {
+    /// Sends a batch of requests as one pipeline, bounded by the per-node
+    /// timeout, and classifies each answer (one per item, in order). A node
+    /// younger than the minimum uptime is not sent the requests that need it:
+    /// the check comes after connecting, so a node is never asked before its
+    /// uptime is known.
+    pub async fn send_batch(&self, timeout: Duration, items: &[Item]) -> Vec<Answer> {
         let attempt = async {
-            let conn = self.connection(timeout).await?;
-            if check_uptime
-                && let Some(min) = self.min_uptime
-                && self.uptime().is_none_or(|u| u < min)
-            {
-                return Ok(None);
+            let mut conn = self.connection(timeout).await?;
+            let eligible = self
+                .min_uptime
+                .is_none_or(|min| self.uptime().is_some_and(|u| u >= min));
+            let sent: Vec<bool> = items
+                .iter()
+                .map(|i| eligible || !i.request.needs_uptime())
+                .collect();
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for item in items.iter().zip(&sent).filter(|(_, s)| **s).map(|(i, _)| i) {
+                pipe.add_command(command(item));
             }
-            request(conn).await.map(Some)
+            let replies: Vec<Value> = if pipe.is_empty() {
+                Vec::new()
+            } else {
+                pipe.query_async(&mut conn).await?
+            };
+            Ok::<_, redis::RedisError>((sent, replies))
         };
         let timed_out = || format!("no answer within {timeout:?}");
-        let (answer, failure) = match tokio::time::timeout(timeout, attempt).await {
-            Err(_) => (Answer::TimedOut, Some(timed_out())),
-            Ok(Ok(None)) => (Answer::Ineligible, None),
-            Ok(Ok(Some(true))) => (Answer::Granted, None),
-            Ok(Ok(Some(false))) => (Answer::Refused, None),
+        let (answers, failure) = match tokio::time::timeout(timeout, attempt).await {
+            Err(_) => (vec![Answer::TimedOut; items.len()], Some(timed_out())),
+            Ok(Ok((sent, replies))) => {
+                let mut replies = replies.into_iter();
+                let mut failure = None;
+                let answers = sent
+                    .into_iter()
+                    .map(|sent| {
+                        if !sent {
+                            return Answer::Ineligible;
+                        }
+                        match replies.next() {
+                            Some(Value::Okay | Value::Int(1)) => Answer::Granted,
+                            Some(Value::Nil | Value::Int(0)) => Answer::Refused,
+                            other => {
+                                let why = match other {
+                                    Some(Value::ServerError(e)) => e.to_string(),
+                                    other => format!("unexpected reply {other:?}"),
+                                };
+                                failure = Some(why);
+                                Answer::Failed
+                            }
+                        }
+                    })
+                    .collect();
+                (answers, failure)
+            }
             // The client library's own connect timeout is the per-node timeout too.
-            Ok(Err(e)) if e.is_timeout() => (Answer::TimedOut, Some(timed_out())),
+            Ok(Err(e)) if e.is_timeout() => {
+                (vec![Answer::TimedOut; items.len()], Some(timed_out()))
+            }
             Ok(Err(e)) => {
                 tracing::debug!(node = %self.display, error = %e, "redis request failed");
                 self.forget_connection_after(&e);
@@ -172,11 +206,11 @@ impl Node {
                 } else {
                     e.to_string()
                 };
-                (Answer::Failed, Some(why))
+                (vec![Answer::Failed; items.len()], Some(why))
             }
         };
         *self.last_failure.lock().expect("poisoned") = failure;
-        answer
+        answers
     }
 
     /// `URL: why` for a node whose last request got no answer.
@@ -184,59 +218,27 @@ impl Node {
         let why = self.last_failure.lock().expect("poisoned").clone()?;
         Some(format!("{}: {why}", self.display))
     }
+}
 
-    /// `SET key value NX PX ttl`: granted when the key was free.
-    pub async fn try_set(
-        &self,
-        timeout: Duration,
-        key: &str,
-        value: &str,
-        ttl: Duration,
-    ) -> Answer {
-        self.ask(timeout, true, |mut c| async move {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl.as_millis() as u64)
-                .query_async(&mut c)
-                .await?;
-            Ok(set.is_some())
-        })
-        .await
-    }
-
-    /// Compare-and-delete: granted when our value was there and is now gone.
-    pub async fn release(&self, timeout: Duration, key: &str, value: &str) -> Answer {
-        self.ask(timeout, false, |mut c| async move {
-            let n: i64 = redis::cmd("EVAL")
-                .arg(RELEASE)
-                .arg(1)
-                .arg(key)
-                .arg(value)
-                .query_async(&mut c)
-                .await?;
-            Ok(n == 1)
-        })
-        .await
-    }
-
-    /// Compare-and-pexpire: granted when our value was there and now expires
-    /// `ttl` from the node's receipt of the request.
-    pub async fn extend(&self, timeout: Duration, key: &str, value: &str, ttl: Duration) -> Answer {
-        self.ask(timeout, true, |mut c| async move {
-            let n: i64 = redis::cmd("EVAL")
-                .arg(EXTEND)
-                .arg(1)
-                .arg(key)
-                .arg(value)
-                .arg(ttl.as_millis() as u64)
-                .query_async(&mut c)
-                .await?;
-            Ok(n == 1)
-        })
-        .await
+/// The command of one request.
+fn command(item: &Item) -> redis::Cmd {
+    let (key, value) = (&item.key, &item.value);
+    match item.request {
+        Request::Set { ttl_ms } => {
+            let mut c = redis::cmd("SET");
+            c.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+            c
+        }
+        Request::Release => {
+            let mut c = redis::cmd("EVAL");
+            c.arg(RELEASE).arg(1).arg(key).arg(value);
+            c
+        }
+        Request::Extend { ttl_ms } => {
+            let mut c = redis::cmd("EVAL");
+            c.arg(EXTEND).arg(1).arg(key).arg(value).arg(ttl_ms);
+            c
+        }
     }
 }
 

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 use palisade_core::InputError;
 use palisade_core::limits::{validate_name, validate_ttl};
 
+use crate::batch::{self, Batcher, Item, Request};
 use crate::budget::{default_drift, validity};
 use crate::error::RedisLockError;
 use crate::guard::RedisGuard;
 use crate::node::Node;
-use crate::tally::gather;
+use crate::tally::Tally;
 
 /// How many nodes a set may have. Redlock's examples use 5; more than a few dozen
 /// is a configuration mistake, not a deployment.
@@ -87,9 +88,11 @@ pub(crate) struct Timings {
 }
 
 pub(crate) struct Inner {
-    pub nodes: Vec<Node>,
+    pub nodes: Arc<[Node]>,
     pub quorum: usize,
     pub config: RedlockConfig,
+    /// Concurrent requests of this manager's users share pipelines.
+    batcher: Arc<Batcher>,
 }
 
 impl Inner {
@@ -118,6 +121,34 @@ impl Inner {
         })
     }
 
+    /// Sends `request` for `key`/`value` to every node (in a batch with the
+    /// other requests made meanwhile) and tallies the answers: until a majority
+    /// settles the outcome, or with `wait_all` until every node answered or ran
+    /// out of the per-node timeout.
+    pub async fn ask(
+        &self,
+        request: Request,
+        key: &str,
+        value: &str,
+        t: Timings,
+        wait_all: bool,
+    ) -> Tally {
+        let item = Item {
+            request,
+            key: key.to_owned(),
+            value: value.to_owned(),
+        };
+        batch::ask_all(
+            &self.nodes,
+            &self.batcher,
+            item,
+            t.node_timeout,
+            self.quorum,
+            wait_all,
+        )
+        .await
+    }
+
     /// Compare-and-delete on every node, awaiting every answer (each bounded by the
     /// per-node timeout).
     pub async fn release_everywhere(
@@ -126,11 +157,7 @@ impl Inner {
         value: &str,
         t: Timings,
     ) -> crate::NodeCounts {
-        let requests = self
-            .nodes
-            .iter()
-            .map(|n| n.release(t.node_timeout, key, value));
-        gather(requests, self.quorum, true).await.counts
+        self.ask(Request::Release, key, value, t, true).await.counts
     }
 }
 
@@ -178,13 +205,14 @@ impl Redlock {
         let nodes = urls
             .iter()
             .map(|u| Node::new(u.as_ref(), config.min_uptime))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Arc<[Node]>, _>>()?;
         let quorum = nodes.len() / 2 + 1;
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,
                 quorum,
                 config,
+                batcher: Arc::default(),
             }),
         })
     }
@@ -288,12 +316,10 @@ impl Redlock {
         // The start time is taken before the first request leaves, on the monotonic
         // clock: wall-clock jumps on this host cannot shorten or lengthen it.
         let start = Instant::now();
-        let requests = self
-            .inner
-            .nodes
-            .iter()
-            .map(|n| n.try_set(t.node_timeout, name, value, t.ttl));
-        let tally = gather(requests, self.inner.quorum, false).await;
+        let set = Request::Set {
+            ttl_ms: t.ttl.as_millis() as u64,
+        };
+        let tally = self.inner.ask(set, name, value, t, false).await;
         let elapsed = start.elapsed();
         let failure = if !tally.reached() {
             RedisLockError::NoQuorum {
@@ -356,7 +382,13 @@ fn random_value() -> Result<String, RedisLockError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes)
         .map_err(|e| InputError::Invalid(format!("the OS random generator failed: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(32);
+    for b in bytes {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    Ok(hex)
 }
 
 fn jitter(max: Duration) -> Duration {

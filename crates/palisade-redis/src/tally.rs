@@ -3,14 +3,10 @@
 //! Acquisition must not wait for the slowest node when a majority has already
 //! granted, nor for stragglers when a majority can no longer be reached. So the
 //! requests go out together and the round ends the moment `granted >= needed` or
-//! `granted + pending < needed`. Requests still in flight are not cancelled on the
-//! server side (they were already written to the socket); callers that fail release
-//! on every node, and a release sent on the same connection is ordered after them.
-
-use std::future::Future;
-
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
+//! `granted + pending < needed` (see `batch`, which sends the requests and feeds
+//! each caller's tally). Requests still in flight are not cancelled (they were
+//! already written to the socket); callers that fail release on every node, and a
+//! release sent on the same connection is ordered after them.
 
 use crate::error::NodeCounts;
 
@@ -42,6 +38,15 @@ impl Tally {
         }
     }
 
+    /// A round in which no node answered: the requests could not be sent (the
+    /// runtime is shutting down).
+    pub fn unanswered(asked: usize, needed: usize) -> Self {
+        let mut tally = Tally::new(asked, needed);
+        tally.pending = 0;
+        tally.counts.failed = asked;
+        tally
+    }
+
     pub fn record(&mut self, answer: Answer) {
         debug_assert!(self.pending > 0, "more answers than requests");
         self.pending -= 1;
@@ -70,31 +75,6 @@ impl Tally {
     pub fn reached(&self) -> bool {
         self.counts.granted >= self.needed
     }
-}
-
-/// Drives the requests concurrently and returns once the outcome is settled, or
-/// once every request answered when `wait_all` is set.
-pub(crate) async fn gather<F>(
-    requests: impl IntoIterator<Item = F>,
-    needed: usize,
-    wait_all: bool,
-) -> Tally
-where
-    F: Future<Output = Answer>,
-{
-    let mut in_flight: FuturesUnordered<F> = requests.into_iter().collect();
-    let mut tally = Tally::new(in_flight.len(), needed);
-    while tally.pending > 0 {
-        if !wait_all && tally.settled().is_some() {
-            break;
-        }
-        match in_flight.next().await {
-            Some(answer) => tally.record(answer),
-            None => break,
-        }
-    }
-    tally.counts.unsettled = tally.pending;
-    tally
 }
 
 #[cfg(test)]
@@ -128,29 +108,5 @@ mod tests {
         }
         assert_eq!(t.settled(), Some(false));
         assert_eq!(t.counts.ineligible, 3);
-    }
-
-    #[tokio::test]
-    async fn gather_stops_early_but_can_wait_for_all() {
-        use std::future::ready;
-        let answers = [Answer::Granted, Answer::Granted, Answer::Granted];
-        let pending = std::future::pending::<Answer>;
-        let early = gather(
-            answers
-                .iter()
-                .map(|a| futures_util::future::Either::Left(ready(*a)))
-                .chain(std::iter::once(futures_util::future::Either::Right(
-                    pending(),
-                ))),
-            3,
-            false,
-        )
-        .await;
-        assert!(early.reached());
-        assert_eq!(early.counts.unsettled, 1);
-
-        let all = gather(answers.iter().map(|a| ready(*a)), 2, true).await;
-        assert_eq!(all.counts.granted, 3);
-        assert_eq!(all.counts.unsettled, 0);
     }
 }

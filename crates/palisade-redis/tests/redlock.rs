@@ -326,6 +326,95 @@ async fn at_most_one_of_many_racing_clients_wins() {
     assert!(winners <= 1, "{winners} clients hold the lock at once");
 }
 
+/// Tasks sharing one manager share its pipelines: each request's answers must
+/// still be tallied on their own. 24 tasks race for one key through one manager,
+/// many times; the key's holder count, kept beside the lock, never exceeds one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_sharing_one_manager_never_hold_one_lock_together() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = servers(5);
+    let lock = manager(&urls(&s));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let wins = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..24 {
+        let (lock, inside, most, wins) = (lock.clone(), inside.clone(), most.clone(), wins.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                if let Ok(guard) = lock.acquire("shared-race", &opts(60_000)).await {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    wins.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.unwrap();
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "two tasks held the lock at once"
+    );
+    assert!(wins.load(Ordering::SeqCst) > 0, "nobody ever won");
+    assert_eq!(holders(&urls(&s), "shared-race").await, 0);
+}
+
+/// Many acquisitions of distinct keys made at once through one manager (they
+/// go out in shared pipelines) are each granted on every node, and each
+/// release deletes its own key only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_distinct_keys_through_one_manager_is_granted_and_released() {
+    let s = servers(3);
+    let urls = urls(&s);
+    let lock = manager(&urls);
+    let acquires = (0..200).map(|i| {
+        let lock = lock.clone();
+        async move { lock.acquire(&format!("burst-{i}"), &opts(60_000)).await }
+    });
+    let guards: Vec<_> = futures_util::future::join_all(acquires)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("every distinct key is free");
+    for i in [0, 99, 199] {
+        assert_eq!(holders(&urls, &format!("burst-{i}")).await, 3);
+    }
+    let (keep, release): (Vec<_>, Vec<_>) = guards
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    let released =
+        futures_util::future::join_all(release.into_iter().map(|(_, g)| g.release())).await;
+    for r in released {
+        let counts = r.unwrap();
+        assert!(counts.granted >= 2, "{counts}");
+    }
+    // A release answers at the majority; the third delete follows on its own.
+    for i in [1, 99, 199] {
+        let key = format!("burst-{i}");
+        let mut left = holders(&urls, &key).await;
+        for _ in 0..500 {
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            left = holders(&urls, &key).await;
+        }
+        assert_eq!(left, 0, "{key} still held after its release");
+    }
+    for i in [0, 100, 198] {
+        assert_eq!(holders(&urls, &format!("burst-{i}")).await, 3, "burst-{i}");
+    }
+    drop(keep);
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_before_anything_is_sent() {
     let s = servers(1);

@@ -3,8 +3,10 @@
 //! One run, the same servers for every row: the raw `SET NX PX` + `DEL` round
 //! trips (the floor), the single-instance lock, Redlock with N=5, and Redlock with
 //! one of the five nodes behind a proxy that adds 20 ms to every round trip. Each
-//! with 1 client and with 16 concurrent clients on distinct keys; each client has
-//! its own connections, as separate processes would.
+//! with 1 client and with 16, 64 and 256 concurrent clients on distinct keys
+//! sharing one manager (one multiplexed connection per node, the way a service's
+//! tasks use it), and with 16 clients that each have their own manager and
+//! connections, as separate processes would.
 
 use std::time::{Duration, Instant};
 
@@ -33,9 +35,11 @@ pub struct RedisBenchArgs {
     /// processes on this machine's cores) does not land on one row only.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// Concurrent clients of the multi-client rows.
-    #[arg(long, default_value_t = 16)]
-    clients: usize,
+    /// Concurrent clients of the multi-client rows, comma-separated. Each count
+    /// gets rows whose clients share one manager; the first also gets rows whose
+    /// clients each have their own.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+    clients: Vec<usize>,
     /// Round-trip time added to the slow node.
     #[arg(long, default_value = "20ms", value_parser = duration_arg)]
     slow: Duration,
@@ -70,6 +74,9 @@ impl Backend {
 struct Row {
     backend: &'static str,
     clients: usize,
+    /// Whether the clients share one manager (one connection per node) rather
+    /// than each having its own; `false` for the one-client rows.
+    shared_manager: bool,
     slow_node_ms: u64,
     acquire_p50_us: Option<u64>,
     acquire_p99_us: Option<u64>,
@@ -109,17 +116,10 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
     let mut slow_urls = urls[..4].to_vec();
     slow_urls.push(format!("redis://{}", proxy.addr()));
 
-    let plan: Vec<(Backend, usize, bool)> = [1, a.clients]
-        .into_iter()
-        .flat_map(|c| {
-            [
-                (Backend::Raw, c, false),
-                (Backend::Single, c, false),
-                (Backend::Redlock, c, false),
-                (Backend::Redlock, c, true),
-            ]
-        })
-        .collect();
+    if a.clients.iter().any(|c| *c < 2) {
+        bail!("--clients counts are of concurrent clients: 2 or more");
+    }
+    let plan = plan(&a.clients);
     let rounds = a.rounds.max(1);
     let bar = ProgressBar::new(plan.len() as u64 * u64::from(rounds)).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
@@ -127,31 +127,21 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
     let slice = a.duration / rounds;
     let mut acc: Vec<Measured> = plan.iter().map(|_| Measured::default()).collect();
     for round in 1..=rounds {
-        for ((backend, clients, slow), acc) in plan.iter().copied().zip(acc.iter_mut()) {
-            bar.set_message(format!(
-                "round {round}/{rounds}: {} × {clients}{}",
-                backend.name(),
-                if slow { " (slow node)" } else { "" }
-            ));
-            let nodes = match (backend, slow) {
+        for (spec, acc) in plan.iter().copied().zip(acc.iter_mut()) {
+            bar.set_message(format!("round {round}/{rounds}: {}", spec.label()));
+            let nodes = match (spec.backend, spec.slow) {
                 (Backend::Redlock, true) => slow_urls.clone(),
                 (Backend::Redlock, false) => urls.clone(),
                 _ => urls[..1].to_vec(),
             };
-            acc.add(measure(backend, clients, &nodes, slice).await?);
+            acc.add(measure(spec, &nodes, slice).await?);
             bar.inc(1);
         }
     }
     let (rows, acquires): (Vec<Row>, Vec<Sorted>) = plan
         .iter()
         .zip(acc)
-        .map(|((backend, clients, slow), m)| {
-            m.row(
-                backend.name(),
-                *clients,
-                if *slow { a.slow } else { Duration::ZERO },
-            )
-        })
+        .map(|(spec, m)| m.row(*spec, if spec.slow { a.slow } else { Duration::ZERO }))
         .unzip();
     bar.finish_and_clear();
     if let Some(dir) = &a.out {
@@ -164,7 +154,12 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
                 } else {
                     String::new()
                 };
-                (format!("{} ×{}{slow}", r.backend, r.clients), s)
+                let own = if r.clients > 1 && !r.shared_manager {
+                    ", own managers"
+                } else {
+                    ""
+                };
+                (format!("{} ×{}{own}{slow}", r.backend, r.clients), s)
             })
             .collect();
         super::write_outputs(
@@ -185,11 +180,14 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Samples of one row, pooled over rounds.
+/// Samples of one row (or of one client), pooled over rounds.
 #[derive(Default)]
 struct Measured {
+    /// Latencies, without each client's first few pairs (connections warming).
     acquire: Samples,
     release: Samples,
+    /// Every completed acquire+release pair, warm-up included, for the rate.
+    pairs: usize,
     failed: usize,
     wall: Duration,
 }
@@ -198,16 +196,18 @@ impl Measured {
     fn add(&mut self, other: Measured) {
         self.acquire.extend(other.acquire);
         self.release.extend(other.release);
+        self.pairs += other.pairs;
         self.failed += other.failed;
         self.wall += other.wall;
     }
 
-    fn row(self, backend: &'static str, clients: usize, slow: Duration) -> (Row, Sorted) {
-        let pairs = self.release.len();
+    fn row(self, spec: Spec, slow: Duration) -> (Row, Sorted) {
+        let pairs = self.pairs;
         let (acq, rel) = (self.acquire.sorted(), self.release.sorted());
         let row = Row {
-            backend,
-            clients,
+            backend: spec.backend.name(),
+            clients: spec.clients,
+            shared_manager: spec.shared,
             slow_node_ms: slow.as_millis() as u64,
             acquire_p50_us: acq.percentile(50.0),
             acquire_p99_us: acq.percentile(99.0),
@@ -221,28 +221,118 @@ impl Measured {
     }
 }
 
-async fn measure(
+/// One row of the plan.
+#[derive(Clone, Copy)]
+struct Spec {
     backend: Backend,
     clients: usize,
-    nodes: &[String],
-    duration: Duration,
-) -> Result<Measured> {
+    /// Redlock with its fifth node slowed.
+    slow: bool,
+    /// The clients share one manager (or, raw, one connection).
+    shared: bool,
+}
+
+impl Spec {
+    fn label(self) -> String {
+        format!(
+            "{} × {}{}{}",
+            self.backend.name(),
+            self.clients,
+            if self.clients > 1 && !self.shared {
+                " (own managers)"
+            } else {
+                ""
+            },
+            if self.slow { " (slow node)" } else { "" }
+        )
+    }
+}
+
+/// The rows, in order: one client; each multi-client count with a shared
+/// manager; the first count with a manager per client.
+fn plan(multi: &[usize]) -> Vec<Spec> {
+    let four = |clients: usize, shared: bool| {
+        [
+            (Backend::Raw, false),
+            (Backend::Single, false),
+            (Backend::Redlock, false),
+            (Backend::Redlock, true),
+        ]
+        .map(|(backend, slow)| Spec {
+            backend,
+            clients,
+            slow,
+            shared,
+        })
+    };
+    let mut plan = four(1, false).to_vec();
+    for &c in multi {
+        plan.extend(four(c, true));
+    }
+    if let Some(&c) = multi.first() {
+        plan.extend(four(c, false));
+    }
+    plan
+}
+
+/// What the clients of a row lock with: the raw commands on a connection, or a
+/// lock manager.
+#[derive(Clone)]
+enum Handle {
+    Raw(redis::aio::MultiplexedConnection),
+    Manager(Redlock),
+}
+
+impl Handle {
+    async fn open(backend: Backend, nodes: &[String]) -> Result<Handle> {
+        Ok(if backend == Backend::Raw {
+            Handle::Raw(
+                redis::Client::open(nodes[0].as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            )
+        } else {
+            Handle::Manager(
+                Redlock::connect(
+                    nodes,
+                    RedlockConfig {
+                        retry_count: 0,
+                        ..RedlockConfig::default()
+                    },
+                    Duration::from_secs(2),
+                )
+                .await?,
+            )
+        })
+    }
+}
+
+async fn measure(spec: Spec, nodes: &[String], duration: Duration) -> Result<Measured> {
+    let shared = if spec.shared {
+        Some(Handle::open(spec.backend, nodes).await?)
+    } else {
+        None
+    };
     let mut tasks = Vec::new();
-    for client in 0..clients {
+    for client in 0..spec.clients {
         let nodes = nodes.to_vec();
+        let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
-            client_loop(backend, client, nodes, duration).await
+            let handle = match shared {
+                Some(h) => h,
+                None => Handle::open(spec.backend, &nodes).await?,
+            };
+            client_loop(spec.backend, client, handle, duration).await
         }));
     }
     let mut m = Measured::default();
     for t in tasks {
-        let (a, r, f, took) = t.await??;
+        let client = t.await??;
         // Each client's clock starts once it is connected; the row's wall time
         // is the longest of them.
-        m.wall = m.wall.max(took);
-        m.acquire.extend(a);
-        m.release.extend(r);
-        m.failed += f;
+        let wall = m.wall.max(client.wall);
+        m.add(client);
+        m.wall = wall;
     }
     Ok(m)
 }
@@ -251,80 +341,76 @@ async fn measure(
 async fn client_loop(
     backend: Backend,
     client: usize,
-    nodes: Vec<String>,
+    handle: Handle,
     duration: Duration,
-) -> Result<(Samples, Samples, usize, Duration)> {
+) -> Result<Measured> {
     let key = format!("bench:{}:{client}", backend.name());
-    let (mut acq, mut rel, mut failed) = (Samples::default(), Samples::default(), 0);
+    let mut m = Measured::default();
     let ttl = Duration::from_secs(10);
     let warmup = 50;
     let mut i = 0usize;
-    if backend == Backend::Raw {
-        let mut conn = redis::Client::open(nodes[0].as_str())?
-            .get_multiplexed_async_connection()
-            .await?;
-        let started = Instant::now();
-        while started.elapsed() < duration {
-            let t = Instant::now();
-            let ok: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg("v")
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl.as_millis() as u64)
-                .query_async(&mut conn)
-                .await?;
-            let t_acq = t.elapsed();
-            let t = Instant::now();
-            let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
-            let t_rel = t.elapsed();
-            if ok.is_none() {
-                failed += 1;
-            } else if i >= warmup {
-                acq.push(t_acq);
-                rel.push(t_rel);
-            }
-            i += 1;
-        }
-        return Ok((acq, rel, failed, started.elapsed()));
-    }
-    let manager = Redlock::connect(
-        &nodes,
-        RedlockConfig {
-            retry_count: 0,
-            ..RedlockConfig::default()
-        },
-        Duration::from_secs(2),
-    )
-    .await?;
-    let opts = AcquireOptions::new(ttl);
     let started = Instant::now();
-    while started.elapsed() < duration {
-        let t = Instant::now();
-        let guard = manager.acquire(&key, &opts).await;
-        let t_acq = t.elapsed();
-        match guard {
-            Ok(g) => {
+    match handle {
+        Handle::Raw(mut conn) => {
+            while started.elapsed() < duration {
                 let t = Instant::now();
-                g.release().await?;
-                if i >= warmup {
-                    acq.push(t_acq);
-                    rel.push(t.elapsed());
+                let ok: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg("v")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await?;
+                let t_acq = t.elapsed();
+                let t = Instant::now();
+                let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+                let t_rel = t.elapsed();
+                if ok.is_none() {
+                    m.failed += 1;
+                } else {
+                    m.pairs += 1;
+                    if i >= warmup {
+                        m.acquire.push(t_acq);
+                        m.release.push(t_rel);
+                    }
                 }
+                i += 1;
             }
-            Err(_) => failed += 1,
         }
-        i += 1;
+        Handle::Manager(manager) => {
+            let opts = AcquireOptions::new(ttl);
+            while started.elapsed() < duration {
+                let t = Instant::now();
+                let guard = manager.acquire(&key, &opts).await;
+                let t_acq = t.elapsed();
+                match guard {
+                    Ok(g) => {
+                        let t = Instant::now();
+                        g.release().await?;
+                        m.pairs += 1;
+                        if i >= warmup {
+                            m.acquire.push(t_acq);
+                            m.release.push(t.elapsed());
+                        }
+                    }
+                    Err(_) => m.failed += 1,
+                }
+                i += 1;
+            }
+        }
     }
-    Ok((acq, rel, failed, started.elapsed()))
+    m.wall = started.elapsed();
+    Ok(m)
 }
 
 fn print_table(rows: &[Row]) {
     let f = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
     println!(
-        "{:<13} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7}",
+        "{:<13} {:>7} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7}",
         "backend",
         "clients",
+        "shared",
         "slow_ms",
         "acq_p50",
         "acq_p99",
@@ -335,9 +421,16 @@ fn print_table(rows: &[Row]) {
     );
     for r in rows {
         println!(
-            "{:<13} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>7}",
+            "{:<13} {:>7} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>7}",
             r.backend,
             r.clients,
+            if r.clients == 1 {
+                "-"
+            } else if r.shared_manager {
+                "yes"
+            } else {
+                "no"
+            },
             r.slow_node_ms,
             f(r.acquire_p50_us),
             f(r.acquire_p99_us),
@@ -347,5 +440,8 @@ fn print_table(rows: &[Row]) {
             r.failed_acquires
         );
     }
-    println!("(latencies in µs; acquire+release pairs per second over all clients)");
+    println!(
+        "(latencies in µs; acquire+release pairs per second over all clients; shared: \
+         the clients share one manager, one connection per node)"
+    );
 }

@@ -1,0 +1,240 @@
+//! Palisade's Redlock against the `rslock` crate (0.10), in one run, on the same
+//! five local `redis-server`s (no persistence), with the same loop: acquire a
+//! lock of the task's own, release it, again, for a fixed time. Rows:
+//!
+//! - `raw-set-del × 1`: one task sending `SET key v NX PX` + `DEL` to the first
+//!   node on a multiplexed connection (redis-rs defaults): the floor.
+//! - `palisade × 1`, `rslock × 1`: one task, Redlock over the five nodes.
+//! - `palisade × 16`, `rslock × 16`: sixteen tasks sharing one manager.
+//!
+//! Rows are measured in interleaved rounds and pooled, so that a passing
+//! disturbance does not land on one row only.
+//!
+//! ```text
+//! cargo bench -p palisade-redis --bench rslock [-- --seconds 6 --rounds 3 --tasks 16]
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use palisade_redis::{AcquireOptions, Redlock, RedlockConfig};
+use palisade_testkit::RedisServer;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Contender {
+    Raw,
+    Palisade,
+    Rslock,
+}
+
+/// A shared handle of one row.
+#[derive(Clone)]
+enum Manager {
+    Raw(redis::aio::MultiplexedConnection),
+    Palisade(Redlock),
+    Rslock(Arc<rslock::LockManager>),
+}
+
+/// Acquire latencies (µs) and completed pairs of one row.
+#[derive(Default)]
+struct Row {
+    acquire_us: Vec<u64>,
+    pairs: usize,
+    failed: usize,
+    wall: Duration,
+}
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: u64| -> u64 {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let seconds = arg("--seconds", 6);
+    let rounds = arg("--rounds", 3).max(1) as u32;
+    let tasks = arg("--tasks", 16) as usize;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(Duration::from_secs(seconds), rounds, tasks))
+}
+
+async fn run(duration: Duration, rounds: u32, tasks: usize) -> Result<(), Error> {
+    let servers = (0..5)
+        .map(|_| RedisServer::start())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let plan = [
+        (Contender::Raw, 1),
+        (Contender::Palisade, 1),
+        (Contender::Rslock, 1),
+        (Contender::Palisade, tasks),
+        (Contender::Rslock, tasks),
+    ];
+    let mut rows: Vec<Row> = plan.iter().map(|_| Row::default()).collect();
+    let slice = duration / rounds;
+    for round in 1..=rounds {
+        eprintln!("round {round}/{rounds}");
+        for ((contender, tasks), row) in plan.iter().zip(rows.iter_mut()) {
+            let m = measure(*contender, *tasks, &urls, slice).await?;
+            row.acquire_us.extend(m.acquire_us);
+            row.pairs += m.pairs;
+            row.failed += m.failed;
+            row.wall += m.wall;
+        }
+    }
+    println!(
+        "{:<13} {:>6} {:>9} {:>9} {:>10} {:>7}",
+        "contender", "tasks", "acq_p50", "acq_p99", "pairs/s", "failed"
+    );
+    let mut rates = Vec::new();
+    let mut p50s = Vec::new();
+    for ((contender, tasks), row) in plan.iter().zip(rows.iter_mut()) {
+        row.acquire_us.sort_unstable();
+        let p = |q: f64| percentile(&row.acquire_us, q);
+        let rate = row.pairs as f64 / row.wall.as_secs_f64();
+        let name = match contender {
+            Contender::Raw => "raw-set-del",
+            Contender::Palisade => "palisade",
+            Contender::Rslock => "rslock",
+        };
+        println!(
+            "{name:<13} {tasks:>6} {:>9} {:>9} {rate:>10.0} {:>7}",
+            p(50.0),
+            p(99.0),
+            row.failed
+        );
+        rates.push(rate);
+        p50s.push(p(50.0) as f64);
+    }
+    println!("(acquire latencies in µs; acquire+release pairs per second over all tasks)");
+    println!(
+        "palisade ×{tasks} shared ÷ rslock ×{tasks} shared: {:.2} (goal ≥ 2)",
+        rates[3] / rates[4]
+    );
+    println!(
+        "palisade ×1 ÷ raw SET+DEL ×1: {:.2} (goal ≥ 0.9)",
+        rates[1] / rates[0]
+    );
+    println!(
+        "palisade ×1 acquire p50 ÷ rslock ×1's: {:.2} (goal ≤ 0.6)",
+        p50s[1] / p50s[2]
+    );
+    Ok(())
+}
+
+async fn measure(
+    contender: Contender,
+    tasks: usize,
+    urls: &[String],
+    duration: Duration,
+) -> Result<Row, Error> {
+    let manager = match contender {
+        Contender::Raw => Manager::Raw(
+            redis::Client::open(urls[0].as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        ),
+        Contender::Palisade => Manager::Palisade(
+            Redlock::connect(
+                urls,
+                RedlockConfig {
+                    retry_count: 0,
+                    ..RedlockConfig::default()
+                },
+                Duration::from_secs(2),
+            )
+            .await?,
+        ),
+        Contender::Rslock => {
+            let mut m = rslock::LockManager::new(urls.to_vec());
+            m.set_retry(1, Duration::from_millis(1));
+            Manager::Rslock(Arc::new(m))
+        }
+    };
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let manager = manager.clone();
+        handles.push(tokio::spawn(task_loop(manager, task, duration)));
+    }
+    let mut row = Row::default();
+    for h in handles {
+        let r = h.await??;
+        row.acquire_us.extend(r.acquire_us);
+        row.pairs += r.pairs;
+        row.failed += r.failed;
+        row.wall = row.wall.max(r.wall);
+    }
+    Ok(row)
+}
+
+async fn task_loop(manager: Manager, task: usize, duration: Duration) -> Result<Row, Error> {
+    let key = format!("bench:rslock-vs:{task}");
+    let opts = AcquireOptions::new(TTL);
+    let mut row = Row::default();
+    // The first pairs warm connections; their latencies are left out.
+    let warmup = 50;
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        let t = Instant::now();
+        let acquired = match &manager {
+            Manager::Raw(conn) => {
+                let mut conn = conn.clone();
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg("v")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(TTL.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await?;
+                let took = t.elapsed();
+                let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+                set.map(|_| took)
+            }
+            Manager::Palisade(m) => match m.acquire(&key, &opts).await {
+                Ok(guard) => {
+                    let took = t.elapsed();
+                    guard.release().await?;
+                    Some(took)
+                }
+                Err(_) => None,
+            },
+            Manager::Rslock(m) => match m.lock(key.as_bytes(), TTL).await {
+                Ok(lock) => {
+                    let took = t.elapsed();
+                    m.unlock(&lock).await;
+                    Some(took)
+                }
+                Err(_) => None,
+            },
+        };
+        match acquired {
+            Some(took) => {
+                if row.pairs >= warmup {
+                    row.acquire_us.push(took.as_micros() as u64);
+                }
+                row.pairs += 1;
+            }
+            None => row.failed += 1,
+        }
+    }
+    row.wall = started.elapsed();
+    Ok(row)
+}
+
+/// Nearest-rank percentile of sorted samples; 0 without samples.
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
