@@ -415,6 +415,29 @@ async fn a_burst_of_distinct_keys_through_one_manager_is_granted_and_released() 
     drop(keep);
 }
 
+/// Releases and extensions send their scripts by hash; a node that lost its
+/// script cache (restarted, or `SCRIPT FLUSH`) answers NOSCRIPT and must get the
+/// script's text instead, not count as failed.
+#[tokio::test]
+async fn a_node_that_lost_its_scripts_still_releases_and_extends() {
+    let s = servers(3);
+    let urls = urls(&s);
+    let lock = manager(&urls);
+    let guard = lock.acquire("flushed", &opts(60_000)).await.unwrap();
+    guard.extend().await.unwrap();
+    for u in &urls {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut common::conn(u).await)
+            .await
+            .unwrap();
+    }
+    guard.extend().await.expect("extend after SCRIPT FLUSH");
+    let counts = guard.release().await.expect("release after SCRIPT FLUSH");
+    assert_eq!(counts.failed, 0, "{counts}");
+    assert!(counts.granted >= 2, "{counts}");
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_before_anything_is_sent() {
     let s = servers(1);
