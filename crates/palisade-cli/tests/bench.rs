@@ -189,3 +189,59 @@ fn bench_server_rows_carry_the_leaders_commit_latency() {
         assert!(r["commit_p50_us"].as_u64().is_some_and(|us| us > 0), "{r}");
     }
 }
+
+#[test]
+fn bench_redis_prints_shared_and_own_manager_rows_with_twins() {
+    let rows = json_rows(&[
+        "bench",
+        "redis",
+        "--json",
+        "--duration",
+        "400ms",
+        "--rounds",
+        "1",
+        "--clients",
+        "3,6",
+    ]);
+    // One client, 3 and 6 sharing a manager, 3 with their own: 5 rows each.
+    assert_eq!(rows.len(), 20, "{rows:?}");
+    for r in &rows {
+        for f in [
+            "backend",
+            "clients",
+            "shared_manager",
+            "slow_node_ms",
+            "proxied_node",
+            "acquire_p50_us",
+            "acquire_p99_us",
+            "release_p50_us",
+            "release_p99_us",
+            "pairs_per_s",
+            "failed_acquires",
+        ] {
+            assert!(r.get(f).is_some(), "{f} missing in {r}");
+        }
+        assert!(r["pairs"].as_u64().unwrap() >= 1, "no work done: {r}");
+    }
+    let count = |clients: u64, shared: bool| {
+        rows.iter()
+            .filter(|r| r["clients"] == clients && r["shared_manager"] == shared)
+            .count()
+    };
+    assert_eq!(count(1, false), 5);
+    assert_eq!(count(3, true), 5);
+    assert_eq!(count(6, true), 5);
+    assert_eq!(count(3, false), 5);
+    // Every slowed Redlock row has a twin through the same proxy adding nothing.
+    let slowed = rows.iter().filter(|r| r["slow_node_ms"].as_u64() > Some(0));
+    for s in slowed {
+        assert!(
+            rows.iter().any(|t| t["backend"] == s["backend"]
+                && t["clients"] == s["clients"]
+                && t["shared_manager"] == s["shared_manager"]
+                && t["proxied_node"] == true
+                && t["slow_node_ms"] == 0),
+            "no twin for {s}"
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //!
 //! One run, the same servers for every row: the raw `SET NX PX` + `DEL` round
 //! trips (the floor), the single-instance lock, Redlock with N=5, and Redlock with
-//! one of the five nodes behind a proxy that adds 20 ms to every round trip. Each
+//! one of the five nodes behind a proxy that adds 20 ms to every round trip —
+//! and its twin, the same proxy adding nothing, so that the slow node's cost is
+//! told apart from the proxy's own (it runs in this process, on the same cores). Each
 //! with 1 client and with 16, 64 and 256 concurrent clients on distinct keys
 //! sharing one manager (one multiplexed connection per node, the way a service's
 //! tasks use it), and with 16 clients that each have their own manager and
@@ -78,6 +80,8 @@ struct Row {
     /// than each having its own; `false` for the one-client rows.
     shared_manager: bool,
     slow_node_ms: u64,
+    /// The fifth node is reached through the fault proxy (adding `slow_node_ms`).
+    proxied_node: bool,
     acquire_p50_us: Option<u64>,
     acquire_p99_us: Option<u64>,
     release_p50_us: Option<u64>,
@@ -112,7 +116,6 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
     .context("cannot resolve the fifth node")?;
     let proxy = FaultProxy::start(upstream).await?;
     // The proxy delays each direction, so half the added round trip each way.
-    proxy.link().set_delay(a.slow / 2);
     let mut slow_urls = urls[..4].to_vec();
     slow_urls.push(format!("redis://{}", proxy.addr()));
 
@@ -129,9 +132,18 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
     for round in 1..=rounds {
         for (spec, acc) in plan.iter().copied().zip(acc.iter_mut()) {
             bar.set_message(format!("round {round}/{rounds}: {}", spec.label()));
-            let nodes = match (spec.backend, spec.slow) {
-                (Backend::Redlock, true) => slow_urls.clone(),
-                (Backend::Redlock, false) => urls.clone(),
+            let nodes = match (spec.backend, spec.fifth) {
+                (Backend::Redlock, Fifth::Direct) => urls.clone(),
+                (Backend::Redlock, fifth) => {
+                    // The proxy delays each direction: half the added round trip each way.
+                    let delay = if fifth == Fifth::Slowed {
+                        a.slow / 2
+                    } else {
+                        Duration::ZERO
+                    };
+                    proxy.link().set_delay(delay);
+                    slow_urls.clone()
+                }
                 _ => urls[..1].to_vec(),
             };
             acc.add(measure(spec, &nodes, slice).await?);
@@ -141,7 +153,14 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
     let (rows, acquires): (Vec<Row>, Vec<Sorted>) = plan
         .iter()
         .zip(acc)
-        .map(|(spec, m)| m.row(*spec, if spec.slow { a.slow } else { Duration::ZERO }))
+        .map(|(spec, m)| {
+            let slow = if spec.fifth == Fifth::Slowed {
+                a.slow
+            } else {
+                Duration::ZERO
+            };
+            m.row(*spec, slow)
+        })
         .unzip();
     bar.finish_and_clear();
     if let Some(dir) = &a.out {
@@ -149,7 +168,7 @@ pub async fn run(a: RedisBenchArgs) -> Result<i32> {
             .iter()
             .zip(&acquires)
             .map(|(r, s)| {
-                let slow = if r.slow_node_ms > 0 {
+                let slow = if r.proxied_node {
                     format!(", {} ms node", r.slow_node_ms)
                 } else {
                     String::new()
@@ -209,6 +228,7 @@ impl Measured {
             clients: spec.clients,
             shared_manager: spec.shared,
             slow_node_ms: slow.as_millis() as u64,
+            proxied_node: spec.fifth != Fifth::Direct,
             acquire_p50_us: acq.percentile(50.0),
             acquire_p99_us: acq.percentile(99.0),
             release_p50_us: rel.percentile(50.0),
@@ -226,8 +246,8 @@ impl Measured {
 struct Spec {
     backend: Backend,
     clients: usize,
-    /// Redlock with its fifth node slowed.
-    slow: bool,
+    /// How Redlock reaches its fifth node.
+    fifth: Fifth,
     /// The clients share one manager (or, raw, one connection).
     shared: bool,
 }
@@ -243,34 +263,49 @@ impl Spec {
             } else {
                 ""
             },
-            if self.slow { " (slow node)" } else { "" }
+            match self.fifth {
+                Fifth::Direct => "",
+                Fifth::Proxied => " (node via proxy)",
+                Fifth::Slowed => " (slow node)",
+            }
         )
     }
+}
+
+/// How Redlock reaches its fifth node (the single-node rows use the first).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fifth {
+    Direct,
+    /// Through the fault proxy, adding nothing: the slowed row's twin.
+    Proxied,
+    /// Through the fault proxy, adding `--slow` to every round trip.
+    Slowed,
 }
 
 /// The rows, in order: one client; each multi-client count with a shared
 /// manager; the first count with a manager per client.
 fn plan(multi: &[usize]) -> Vec<Spec> {
-    let four = |clients: usize, shared: bool| {
+    let group = |clients: usize, shared: bool| {
         [
-            (Backend::Raw, false),
-            (Backend::Single, false),
-            (Backend::Redlock, false),
-            (Backend::Redlock, true),
+            (Backend::Raw, Fifth::Direct),
+            (Backend::Single, Fifth::Direct),
+            (Backend::Redlock, Fifth::Direct),
+            (Backend::Redlock, Fifth::Proxied),
+            (Backend::Redlock, Fifth::Slowed),
         ]
-        .map(|(backend, slow)| Spec {
+        .map(|(backend, fifth)| Spec {
             backend,
             clients,
-            slow,
+            fifth,
             shared,
         })
     };
-    let mut plan = four(1, false).to_vec();
+    let mut plan = group(1, false).to_vec();
     for &c in multi {
-        plan.extend(four(c, true));
+        plan.extend(group(c, true));
     }
     if let Some(&c) = multi.first() {
-        plan.extend(four(c, false));
+        plan.extend(group(c, false));
     }
     plan
 }
@@ -411,7 +446,7 @@ fn print_table(rows: &[Row]) {
         "backend",
         "clients",
         "shared",
-        "slow_ms",
+        "node5_ms",
         "acq_p50",
         "acq_p99",
         "rel_p50",
@@ -431,7 +466,11 @@ fn print_table(rows: &[Row]) {
             } else {
                 "no"
             },
-            r.slow_node_ms,
+            if r.proxied_node {
+                format!("+{}", r.slow_node_ms)
+            } else {
+                "-".to_owned()
+            },
             f(r.acquire_p50_us),
             f(r.acquire_p99_us),
             f(r.release_p50_us),
@@ -442,6 +481,7 @@ fn print_table(rows: &[Row]) {
     }
     println!(
         "(latencies in µs; acquire+release pairs per second over all clients; shared: \
-         the clients share one manager, one connection per node)"
+         the clients share one manager, one connection per node; node5_ms: redlock's \
+         fifth node through the fault proxy, adding this much per round trip)"
     );
 }
