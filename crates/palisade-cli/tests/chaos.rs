@@ -219,3 +219,43 @@ fn the_drills_hold_on_zookeeper_etcd_and_postgres() {
         "pausing the postmaster does not pause PostgreSQL; the drill must not pretend it does"
     );
 }
+
+/// Redlock assumes independent masters: a node that fails over to an
+/// asynchronous replica which never received the key (its replication stream
+/// is held from before client 1's grant until the master is killed) lets a
+/// second client get a majority — two holders in every trial. The same kill
+/// with nothing promoted in its place leaves client 2 short of a majority.
+#[test]
+fn a_redlock_node_failing_over_to_an_async_replica_gives_two_holders() {
+    let out = tempfile::tempdir().unwrap();
+    let rows = run_drills_with(
+        out.path(),
+        &["redlock-replica-failover", "--backend", "redlock"],
+    );
+    assert_eq!(rows.len(), 2, "one row per variant: {rows:?}");
+    let failover = row(&rows, "redlock-replica-failover/failover", "redlock", "off");
+    assert_eq!(count(failover, "trials"), TRIALS, "{failover}");
+    assert_eq!(count(failover, "trials_with_overlap"), TRIALS, "{failover}");
+    assert!(count(failover, "overlaps") >= TRIALS, "{failover}");
+    let independent = row(
+        &rows,
+        "redlock-replica-failover/independent",
+        "redlock",
+        "off",
+    );
+    assert_eq!(count(independent, "trials"), TRIALS, "{independent}");
+    assert_eq!(count(independent, "overlaps"), 0, "{independent}");
+    // The staging is checked, not assumed: the key was on the master and not
+    // on its replica at the grant, and the promoted replica never got it.
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(
+        report.contains("after client 1's grant: the key is on redis 3 and not on its replica"),
+        "{report}"
+    );
+    assert!(
+        report.contains("the promoted replica does not have the key"),
+        "{report}"
+    );
+    assert!(!report.contains("HAS the key"), "{report}");
+    assert!(!report.contains("ALSO on"), "{report}");
+}

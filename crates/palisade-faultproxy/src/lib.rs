@@ -14,8 +14,8 @@
 //! already in flight through the proxy.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,6 +36,8 @@ pub struct Link {
     /// Bumped to sever every open connection.
     generation: AtomicU64,
     changed: Notify,
+    /// Where new connections go instead of the proxy's upstream, once set.
+    redirect: Mutex<Option<SocketAddr>>,
 }
 
 impl Link {
@@ -66,6 +68,19 @@ impl Link {
     pub fn sever(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
+    }
+
+    /// Sends every new connection to `upstream` instead, and closes the open
+    /// ones (so a client reconnects there): the address the client knows now
+    /// names another server, as after a failover that moves an address.
+    pub fn redirect(&self, upstream: SocketAddr) {
+        *self.redirect.lock().expect("poisoned") = Some(upstream);
+        self.sever();
+    }
+
+    /// Where a new connection goes: the redirect, else `upstream`.
+    fn upstream(&self, upstream: SocketAddr) -> SocketAddr {
+        self.redirect.lock().expect("poisoned").unwrap_or(upstream)
     }
 
     async fn wait_while_partitioned(&self) {
@@ -100,6 +115,7 @@ impl FaultProxy {
         let accept_task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let link = accept_link.clone();
+                let upstream = link.upstream(upstream);
                 tokio::spawn(async move {
                     match TcpStream::connect(upstream).await {
                         Ok(server) => relay(client, server, link).await,
@@ -231,6 +247,35 @@ mod tests {
         assert_eq!(&buf, b"again");
         // A lower bound only: the delay applies in both directions.
         assert!(start.elapsed() >= Duration::from_millis(100));
+    }
+
+    /// A server that answers every connection with `tag` and closes.
+    async fn tag_server(tag: &'static [u8]) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let _ = s.write_all(tag).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn redirect_sends_new_connections_elsewhere_and_closes_old_ones() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut buf = [0u8; 5];
+        old.write_all(b"first").await.unwrap();
+        old.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"first");
+
+        proxy.link().redirect(tag_server(b"other").await);
+        let n = old.read(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "a connection to the old upstream is still open");
+        let mut new = TcpStream::connect(proxy.addr()).await.unwrap();
+        new.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"other");
     }
 
     #[tokio::test]

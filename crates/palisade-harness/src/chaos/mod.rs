@@ -36,7 +36,8 @@ use worker::Backend;
 pub struct ChaosArgs {
     /// Scenarios to run (default: all): holder-pause, delayed-write,
     /// redlock-clock-jump, redlock-pause-during-acquire, redis-crash-restart,
-    /// leader-failure, mixed (`--list` says which backends each applies to).
+    /// redlock-replica-failover, leader-failure, mixed (`--list` says which
+    /// backends each applies to).
     scenarios: Vec<String>,
     /// Backends to drill (default: every one the scenario applies to).
     #[arg(long, value_enum, value_delimiter = ',')]

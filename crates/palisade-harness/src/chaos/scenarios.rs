@@ -26,6 +26,9 @@ pub enum Drill {
     RedlockPauseDuringAcquire,
     /// A Redis node that granted a lock restarts without persistence.
     RedisCrashRestart,
+    /// A Redlock node that granted a lock fails over to its asynchronous
+    /// replica, which never received the key.
+    RedlockReplicaFailover,
     /// The leader (or the one server) of a correctness lock fails during a hold.
     LeaderFailure,
     /// Random faults while three clients increment a counter.
@@ -67,6 +70,7 @@ const KILL: &str = "kill";
 const PAUSE: &str = "pause";
 const JUMP: &str = "jump";
 const UPTIME_RULE: &str = "uptime-rule";
+const FAILOVER: &str = "failover";
 
 /// Every backend.
 const ALL: &[Backend] = &[
@@ -134,6 +138,17 @@ pub const SCENARIOS: &[Scenario] = &[
         about: "a node that granted client 1 is killed and restarted without persistence; client 2 asks it (with or without the delayed-restart rule)",
     },
     Scenario {
+        drill: Drill::RedlockReplicaFailover,
+        name: "redlock-replica-failover",
+        variants: &[FAILOVER, "independent"],
+        backends: &[Backend::Redlock],
+        not_on: &[],
+        // Only the staging (a kill, a promotion) lies between the two grants;
+        // a long lease keeps a loaded machine from ending client 1's first.
+        ttl: Duration::from_secs(5),
+        about: "client 1 gets redis 1-3 (4, 5 cut off) while redis 3's asynchronous replica is cut off from it; redis 3 is killed and (failover) its replica, without the key, is promoted in its place or (independent) nothing replaces it; client 2 (cut off from 1, 2) asks redis 3-5",
+    },
+    Scenario {
         drill: Drill::LeaderFailure,
         name: "leader-failure",
         variants: &[KILL, PAUSE],
@@ -184,6 +199,7 @@ pub async fn run(
         Drill::RedlockClockJump => clock_jump(env, t).await,
         Drill::RedlockPauseDuringAcquire => pause_during_acquire(t).await,
         Drill::RedisCrashRestart => crash_restart(env, t).await,
+        Drill::RedlockReplicaFailover => replica_failover(env, t).await,
         Drill::LeaderFailure => leader_failure(env, t).await,
         Drill::Mixed => mixed(env, t, rng, knobs.mixed_duration).await,
     }
@@ -443,6 +459,188 @@ async fn crash_restart(env: &mut Env, t: &mut Trial) -> Result<()> {
         w2.increment(&t.key).await?;
     }
     finish_all([w1, w2]).await;
+    Ok(())
+}
+
+/// The node that has a replica in `redlock-replica-failover` (redis 3).
+const FAILOVER_NODE: usize = 2;
+
+/// An asynchronous replica of a drill's Redis node, replicating through a fault
+/// proxy so the harness can hold its replication stream.
+struct Replica {
+    server: palisade_testkit::RedisServer,
+    /// The replication link (replica → master): partitioned, it holds every
+    /// byte of the stream; dropped, the held bytes are gone for good.
+    stream: palisade_faultproxy::FaultProxy,
+}
+
+impl Replica {
+    /// Starts a replica of `master` and waits until it has everything the
+    /// master had (a marker written to the master arrives).
+    async fn start(master: std::net::SocketAddr, marker: &str) -> Result<Replica> {
+        let mut m = redis_conn(master).await?;
+        // Redis 7 waits 5 s for more replicas before a diskless full sync.
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("repl-diskless-sync-delay")
+            .arg(0)
+            .query_async(&mut m)
+            .await?;
+        let stream = palisade_faultproxy::FaultProxy::start(master).await?;
+        let port = stream.addr().port().to_string();
+        let server = tokio::task::block_in_place(|| {
+            palisade_testkit::RedisServer::start_with(&["--replicaof", "127.0.0.1", &port])
+        })?;
+        let replica = Replica { server, stream };
+        let () = redis::cmd("SET")
+            .arg(marker)
+            .arg("synced")
+            .query_async(&mut m)
+            .await?;
+        let started = Instant::now();
+        while !redis_has(replica.addr(), marker).await? {
+            if started.elapsed() > Duration::from_secs(20) {
+                anyhow::bail!("redis 3's replica did not sync within 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(replica)
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        palisade_testkit::loopback(self.server.port())
+    }
+}
+
+async fn redis_conn(addr: std::net::SocketAddr) -> Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(format!("redis://{addr}"))?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
+/// Records what `palisade redis audit` says of the drill's five Redis nodes
+/// (the drill does not depend on it).
+async fn audit_note(t: &mut Trial) {
+    let urls: Vec<String> = (0..super::env::REDIS_NODES)
+        .map(|i| format!("redis://{}", t.redis_addr(i)))
+        .collect();
+    let note = match palisade_redis::audit::audit(&urls, Some(t.ttl), Duration::from_secs(2)).await
+    {
+        Ok(report) => {
+            // One entry per kind, in the audit's order (violations first).
+            let mut kinds: Vec<(&str, &str, usize)> = Vec::new();
+            for f in &report.findings {
+                let severity = match f.severity {
+                    palisade_redis::audit::Severity::Violation => "violation",
+                    palisade_redis::audit::Severity::Warning => "warning",
+                };
+                match kinds.iter_mut().find(|k| k.0 == f.kind) {
+                    Some(k) => k.2 += 1,
+                    None => kinds.push((f.kind, severity, 1)),
+                }
+            }
+            let findings: Vec<String> = kinds
+                .iter()
+                .map(|(kind, severity, n)| {
+                    if *n == 1 {
+                        format!("{kind} ({severity})")
+                    } else {
+                        format!("{kind} ({severity}, ×{n})")
+                    }
+                })
+                .collect();
+            format!(
+                "`palisade redis audit` of the five nodes: {}; findings: {}",
+                if report.independent {
+                    "independent (exit 0)"
+                } else {
+                    "not independent (exit 1)"
+                },
+                findings.join(", ")
+            )
+        }
+        Err(e) => format!("`palisade redis audit` failed: {e}"),
+    };
+    t.note(note);
+}
+
+async fn replica_failover(env: &mut Env, t: &mut Trial) -> Result<()> {
+    let base = WorkerOptions {
+        node_timeout: Some(Duration::from_millis(50)),
+        ..WorkerOptions::default()
+    };
+    let mut w1 = t.worker(1, base.clone()).await?;
+    let mut w2 = t.worker(2, base).await?;
+    let master = t.redis_addr(FAILOVER_NODE);
+    let replica = if t.variant == FAILOVER {
+        let marker = format!("{}/replica-synced", t.key);
+        let r = Replica::start(master, &marker).await?;
+        t.fault("redis 3 has an asynchronous replica, in sync");
+        Some(r)
+    } else {
+        None
+    };
+    audit_note(t).await;
+    if let Some(r) = &replica {
+        r.stream.link().partition();
+        t.fault("redis 3's replication stream to its replica held (partition)");
+    }
+    let l1 = w1.lock_links();
+    l1[3].partition();
+    l1[4].partition();
+    t.fault("client 1 cut off from redis 4 and 5");
+    let ok1 = w1.acquire(&t.lock, Duration::from_secs(2)).await?;
+    if !ok1 {
+        t.note("client 1 could not acquire redis 1-3");
+    }
+    if let Some(r) = &replica {
+        let on_master = redis_has(master, &t.lock).await?;
+        let on_replica = redis_has(r.addr(), &t.lock).await?;
+        t.note(format!(
+            "after client 1's grant: the key is {} redis 3 and {} its replica",
+            if on_master { "on" } else { "NOT on" },
+            if on_replica { "ALSO on" } else { "not on" },
+        ));
+    }
+    tokio::task::block_in_place(|| env.redis()[FAILOVER_NODE].kill());
+    t.fault("redis 3 killed (kill -9)");
+    if let Some(r) = replica.as_ref() {
+        // The master is dead: the stream it held can never be delivered now;
+        // closing the link throws the held bytes away.
+        r.stream.link().sever();
+        let mut c = redis_conn(r.addr()).await?;
+        let () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async(&mut c)
+            .await?;
+        for w in [&w1, &w2] {
+            w.lock_links()[FAILOVER_NODE].redirect(r.addr());
+        }
+        t.fault("redis 3's replica promoted (REPLICAOF NO ONE); redis 3's address now reaches it");
+        let has = redis_has(r.addr(), &t.lock).await?;
+        t.note(format!(
+            "the promoted replica {} the key",
+            if has { "HAS" } else { "does not have" }
+        ));
+    } else {
+        t.note("nothing replaces redis 3");
+    }
+    let l2 = w2.lock_links();
+    l2[0].partition();
+    l2[1].partition();
+    t.fault("client 2 cut off from redis 1 and 2");
+    let o2 = w2.try_acquire(&t.lock, Duration::from_secs(1)).await?;
+    if !o2.ok {
+        t.note("client 2 was not granted redis 3-5");
+    }
+    if ok1 {
+        w1.increment(&t.key).await?;
+    }
+    if o2.ok {
+        w2.increment(&t.key).await?;
+    }
+    finish_all([w1, w2]).await;
+    drop(replica);
     Ok(())
 }
 
