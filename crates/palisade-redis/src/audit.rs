@@ -13,7 +13,7 @@
 //! | `duplicate_server` | violation | two URLs, one server (same `run_id`) |
 //! | `replica` | violation | a replica is not an independent master |
 //! | `replicates_within_set` | violation | a master's replica is also in the set |
-//! | `has_replicas` | warning | failover to an async replica can lose locks |
+//! | `has_replicas` | violation | a failover to an async replica can lose locks (the `redlock-replica-failover` drill: two holders) |
 //! | `shared_host` | violation | several nodes on one host: one failure domain |
 //! | `no_fsync` | warning | a restart loses recent locks |
 //! | `short_uptime` | warning | restarted more recently than the longest TTL |
@@ -291,8 +291,12 @@ fn check(reports: &[NodeReport], max_ttl: Option<Duration>) -> Vec<Finding> {
                 .filter_map(|a| find_node(reports, a))
                 .collect();
             if inside.is_empty() {
+                // Not only a risk: the replica can be promoted (by Sentinel or
+                // by hand) without the key, and then two clients hold the lock
+                // (`palisade chaos redlock-replica-failover`). Redlock assumes
+                // masters without replication.
                 add(
-                    Severity::Warning,
+                    Severity::Violation,
                     "has_replicas",
                     vec![r],
                     format!(

@@ -108,3 +108,38 @@ async fn a_lone_persistent_node_is_independent_and_an_unreachable_one_is_not() {
     assert_eq!(kinds(&report), ["unreachable"]);
     assert!(!report.nodes[0].reachable);
 }
+
+/// A master whose asynchronous replica sits outside the set is not an
+/// independent master: a failover promotes the replica without the locks
+/// (the `redlock-replica-failover` drill shows two holders).
+#[tokio::test]
+async fn a_master_with_a_replica_outside_the_set_is_not_independent() {
+    let master =
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).unwrap();
+    let port = master.port().to_string();
+    let _replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let mut linked = false;
+    for _ in 0..500 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut common::conn(&master.url()).await)
+            .await
+            .unwrap();
+        if info.contains("slave0:") {
+            linked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(linked, "replica never connected to its master");
+    let report = audit(&[master.url()], None, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(!report.independent, "{:?}", report.findings);
+    let finding = report
+        .findings
+        .iter()
+        .find(|f| f.kind == "has_replicas")
+        .expect("has_replicas reported");
+    assert_eq!(finding.severity, Severity::Violation);
+}
