@@ -8,6 +8,22 @@ use std::time::Duration;
 use palisade_redis::audit::{Severity, audit};
 use palisade_testkit::RedisServer;
 
+/// Waits (bounded) until `master` lists a replica, so the link is visible.
+async fn wait_until_linked(master: &RedisServer) {
+    for _ in 0..500 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut common::conn(&master.url()).await)
+            .await
+            .unwrap();
+        if info.contains("slave0:") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("replica never connected to its master");
+}
+
 fn kinds(report: &palisade_redis::audit::AuditReport) -> Vec<&'static str> {
     report.findings.iter().map(|f| f.kind).collect()
 }
@@ -18,21 +34,7 @@ async fn finds_replica_duplicate_shared_host_and_short_uptime() {
     let port = master.port().to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
     let other = RedisServer::start().unwrap();
-    // Wait (bounded) until the master lists its replica, so the link is visible.
-    let mut linked = false;
-    for _ in 0..500 {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut common::conn(&master.url()).await)
-            .await
-            .unwrap();
-        if info.contains("slave0:") {
-            linked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(linked, "replica never connected to its master");
+    wait_until_linked(&master).await;
 
     let urls = [
         master.url(),
@@ -118,20 +120,7 @@ async fn a_master_with_a_replica_outside_the_set_is_not_independent() {
         RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).unwrap();
     let port = master.port().to_string();
     let _replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
-    let mut linked = false;
-    for _ in 0..500 {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut common::conn(&master.url()).await)
-            .await
-            .unwrap();
-        if info.contains("slave0:") {
-            linked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(linked, "replica never connected to its master");
+    wait_until_linked(&master).await;
     let report = audit(&[master.url()], None, Duration::from_secs(5))
         .await
         .unwrap();
