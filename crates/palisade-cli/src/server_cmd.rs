@@ -137,6 +137,11 @@ pub struct ServeArgs {
     /// Snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
+    /// Serve Prometheus metrics (`/metrics`) over plain HTTP on this address.
+    /// Unauthenticated and read-only: it names locks and sessions, so bind it
+    /// where only your monitoring reaches.
+    #[arg(long, env = "PALISADE_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[cfg(test)]
@@ -306,11 +311,12 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         initial_cluster,
         snapshot_every: a.snapshot_every,
         join: a.join,
+        metrics_listen: a.metrics_listen,
     };
     // Said only once the ports are bound and the data directory is ours: a
     // node that cannot start says why and nothing else.
     let serving = format!(
-        "palisade: node {} serving clients on {} and peers on {}{} (data in {})",
+        "palisade: node {} serving clients on {} and peers on {}{} (data in {}){}",
         a.id,
         a.listen,
         listen_peer,
@@ -319,7 +325,10 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         } else {
             ", plaintext"
         },
-        a.data_dir.display()
+        a.data_dir.display(),
+        a.metrics_listen
+            .map(|m| format!("; metrics at http://{m}/metrics"))
+            .unwrap_or_default()
     );
     let served = palisade_server::run_until(config, crate::child::interrupted(), move || {
         eprintln!("{serving}");

@@ -174,6 +174,25 @@ fn serve_refuses_a_used_data_dir_or_port_before_it_says_serving_or_touches_disk(
         !unused.exists(),
         "a node that cannot listen creates nothing"
     );
+
+    // Nor one whose metrics listener cannot bind: not a silent absence.
+    let out = Command::new(bin())
+        .env("PALISADE_LOG", "warn")
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", ports[0])])
+        .args(["--listen-peer", &format!("127.0.0.1:{}", ports[1])])
+        .args(["--metrics-listen", &node.http_addr(), "--data-dir"])
+        .arg(&unused)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on {}", node.http_addr())),
+        "{err}"
+    );
+    assert!(!err.contains("serving"), "{err}");
+    assert!(!unused.exists(), "nothing created");
 }
 
 /// A first port with the five after it free too (a dev cluster of three).

@@ -11,9 +11,23 @@ use std::time::{Duration, Instant};
 const KEEP: usize = 1024;
 
 /// Append times of batches not yet applied, and the latest latencies.
-#[derive(Default)]
 pub struct CommitClock {
     inner: Mutex<Inner>,
+    /// Every batch's append-to-applied time, for Prometheus.
+    histogram: prometheus::Histogram,
+}
+
+impl Default for CommitClock {
+    fn default() -> Self {
+        CommitClock {
+            inner: Mutex::default(),
+            histogram: crate::metrics::latency_histogram(
+                "palisade_commit_duration_seconds",
+                "Time from a batch of entries handed to this node's log to its apply \
+                 (on the leader: the commit latency).",
+            ),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -48,11 +62,17 @@ impl CommitClock {
                 break;
             }
             inner.appended.pop_front();
+            self.histogram.observe((now - at).as_secs_f64());
             inner.latencies.push_back(now - at);
             if inner.latencies.len() > KEEP {
                 inner.latencies.pop_front();
             }
         }
+    }
+
+    /// The histogram of append-to-applied times.
+    pub fn histogram(&self) -> &prometheus::Histogram {
+        &self.histogram
     }
 
     /// The `p`th percentile (0–100) of the last 1,024 batches' append-to-applied

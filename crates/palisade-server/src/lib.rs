@@ -15,6 +15,8 @@
 //!   `invalid_input`); [`network`]: Raft traffic between nodes.
 //! - [`security`]: TLS, separate client and peer listeners, authentication,
 //!   roles by lock-name prefix, session ownership, connection limits.
+//! - [`metrics`]: Prometheus counters, histograms and scrape-time gauges;
+//!   [`http`]: the operators' HTTP listener that serves them.
 //! - [`node`]: wiring it together.
 //!
 //! The fencing token of a grant is the Raft log index of the entry that made it.
@@ -22,8 +24,10 @@
 //! never issued twice — across crashes and restarts of any or all nodes.
 
 pub mod commit_clock;
+pub mod http;
 pub mod leader_check;
 pub mod leases;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod proposer;

@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub snapshot_every: u64,
     /// Start as a learner-to-be: do not bootstrap; wait for a leader to add us.
     pub join: bool,
+    /// Where to serve `/metrics` over HTTP (none: no HTTP listener).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// What can stop a node from starting.
@@ -196,6 +198,7 @@ pub async fn run_until(
     };
     let client_listener = bind(config.listen)?;
     let peer_listener = bind(config.listen_peer)?;
+    let http_listener = config.metrics_listen.map(bind).transpose()?;
     // Held until the node stops: a second process on this directory is refused
     // here, before anything in it is read or written.
     let _dir_lock = crate::store::dir_lock::DirLock::acquire(&config.data_dir)?;
@@ -212,6 +215,11 @@ pub async fn run_until(
         .map_err(dir_err)?
         .with_commit_clock(commit_clock.clone());
     let shared = sm.shared();
+    let node_metrics = crate::metrics::NodeMetrics::new(
+        &sm.counters(),
+        commit_clock.histogram(),
+        log.fsync_histogram(),
+    );
     let raft_config = Config {
         cluster_name: "palisade".into(),
         heartbeat_interval: 100,
@@ -228,6 +236,8 @@ pub async fn run_until(
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
     let committed_log = log.clone();
+    let committed: Arc<dyn Fn() -> u64 + Send + Sync> =
+        Arc::new(move || committed_log.committed_index());
     // Any entry in the log at startup may have been acknowledged before a crash
     // (see `Api::linearize`).
     let read_floor = (log.vote_term(), log.last_index());
@@ -281,12 +291,13 @@ pub async fn run_until(
     let proposer = Proposer::start(raft.clone());
     let leases = LeaseKeeper::new(raft.clone(), proposer.clone(), shared.clone());
     let keeper = tokio::spawn(leases.clone().run());
+    let shared_for_http = shared.clone();
     let api = Api::new(
         raft.clone(),
         proposer,
         shared,
         leases,
-        Arc::new(move || committed_log.committed_index()),
+        committed.clone(),
         read_floor,
         gatekeeper.clone(),
     )
@@ -311,6 +322,7 @@ pub async fn run_until(
         peer_server.map_err(tls_err)?,
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_rx_http = stop_rx.clone();
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -331,6 +343,24 @@ pub async fn run_until(
     let peers = peer_server
         .add_service(RaftService::new(raft.clone(), peer_check))
         .serve_with_incoming_shutdown(incoming(peer_listener, limits, counters), stopped(stop_rx));
+    let http = http_listener.map(|listener| {
+        let observed = Arc::new(crate::http::Observed {
+            raft: raft.clone(),
+            shared: shared_for_http.clone(),
+            committed,
+            metrics: node_metrics,
+        });
+        let stop = stopped(stop_rx_http);
+        tokio::spawn(async move {
+            // An HTTP failure must not take the lock service down with it.
+            if let Err(e) = axum::serve(listener, crate::http::router(observed))
+                .with_graceful_shutdown(stop)
+                .await
+            {
+                tracing::error!(error = %e, "the metrics listener failed");
+            }
+        })
+    });
     let reloads = tokio::spawn(reload_on_hangup(gatekeeper));
     let roles = tokio::spawn(log_role_changes(raft.clone()));
     let stop_on_signal = stop_tx.clone();
@@ -350,6 +380,9 @@ pub async fn run_until(
     });
     reloads.abort();
     roles.abort();
+    if let Some(http) = http {
+        http.abort();
+    }
     keeper.abort();
     let _ = raft.shutdown().await;
     clients.map_err(|source| ServerError::Serve {

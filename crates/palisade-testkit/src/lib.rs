@@ -9,6 +9,7 @@ pub mod clock;
 mod etcd;
 mod palisade;
 mod postgres;
+mod prometheus;
 mod redis;
 mod silent;
 mod zookeeper;
@@ -16,6 +17,7 @@ mod zookeeper;
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use palisade::PalisadeNode;
 pub use postgres::PostgresServer;
+pub use prometheus::PrometheusServer;
 pub use redis::RedisServer;
 pub use silent::SilentServer;
 pub use zookeeper::ZooKeeperEnsemble;
@@ -51,6 +53,65 @@ pub(crate) fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bo
         std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// `GET path` from the HTTP server at `addr` (HTTP/1.1, one connection, no
+/// client library): the status code and the body.
+///
+/// # Errors
+/// When the server cannot be reached or its answer is not HTTP.
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    let bad = || {
+        std::io::Error::other(format!(
+            "not an HTTP answer: {:?}",
+            String::from_utf8_lossy(&answer)
+        ))
+    };
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(bad)?;
+    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+    let body = &answer[split + 4..];
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad)?;
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The body of a chunked transfer: each chunk is `SIZE-IN-HEX\r\nDATA\r\n`.
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&rest[..eol])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
+        let tail = &rest[eol + 2..];
+        match size {
+            Some(size) if size > 0 && tail.len() >= size => {
+                body.extend_from_slice(&tail[..size]);
+                rest = tail[size..].strip_prefix(b"\r\n").unwrap_or(&tail[size..]);
+            }
+            _ => break,
+        }
+    }
+    body
 }
 
 /// A loopback socket address for `port`.

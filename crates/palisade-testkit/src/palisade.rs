@@ -14,6 +14,8 @@ pub struct PalisadeNode {
     id: u64,
     port: u16,
     peer_port: u16,
+    /// `--metrics-listen`: every test node serves `/metrics`.
+    http_port: u16,
     dir: tempfile::TempDir,
     initial_cluster: Option<String>,
     extra_args: Vec<String>,
@@ -27,16 +29,18 @@ impl PalisadeNode {
     /// # Errors
     /// When no port or temporary directory can be had.
     pub fn prepare(bin: &Path, id: u64) -> std::io::Result<Self> {
-        let ports = free_ports(2)?;
-        Self::prepare_on(bin, id, ports[0], ports[1])
+        let ports = free_ports(3)?;
+        Self::prepare_on(bin, id, &ports)
     }
 
-    fn prepare_on(bin: &Path, id: u64, port: u16, peer_port: u16) -> std::io::Result<Self> {
+    /// `ports`: client, peer and HTTP, in that order.
+    fn prepare_on(bin: &Path, id: u64, ports: &[u16]) -> std::io::Result<Self> {
         Ok(PalisadeNode {
             bin: bin.to_owned(),
             id,
-            port,
-            peer_port,
+            port: ports[0],
+            peer_port: ports[1],
+            http_port: ports[2],
             dir: tempfile::tempdir()?,
             initial_cluster: None,
             extra_args: Vec::new(),
@@ -75,11 +79,11 @@ impl PalisadeNode {
         args: impl Fn(u64) -> Vec<String>,
     ) -> std::io::Result<Vec<Self>> {
         // Every port of the cluster picked at once: all distinct.
-        let ports = free_ports(2 * n as usize)?;
+        let ports = free_ports(3 * n as usize)?;
         let mut nodes = (1..=n)
             .map(|id| {
-                let i = 2 * (id - 1) as usize;
-                Self::prepare_on(bin, id, ports[i], ports[i + 1])
+                let i = 3 * (id - 1) as usize;
+                Self::prepare_on(bin, id, &ports[i..i + 3])
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let spec = nodes
@@ -112,6 +116,7 @@ impl PalisadeNode {
         cmd.arg("serve")
             .args(["--id", &self.id.to_string(), "--listen", &self.addr()])
             .args(["--listen-peer", &self.peer_addr()])
+            .args(["--metrics-listen", &self.http_addr()])
             .arg("--data-dir")
             .arg(self.data_dir())
             .args(&self.extra_args)
@@ -171,6 +176,11 @@ impl PalisadeNode {
     /// `127.0.0.1:PORT`: where peers reach it.
     pub fn peer_addr(&self) -> String {
         format!("127.0.0.1:{}", self.peer_port)
+    }
+
+    /// `127.0.0.1:PORT`: its HTTP listener (`/metrics`).
+    pub fn http_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.http_port)
     }
 
     /// `ID=ADDR/PEER_ADDR`, as `--initial-cluster` and `cluster add-learner` take it.

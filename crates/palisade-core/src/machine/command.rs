@@ -175,6 +175,21 @@ impl Command {
         }
     }
 
+    /// The command's name as it is spelled in the log (`acquire`,
+    /// `expire_in_batch`, …), for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::CreateSession { .. } => "create_session",
+            Command::CloseSession { .. } => "close_session",
+            Command::ExpireSession { .. } => "expire_session",
+            Command::ExpireInBatch { .. } => "expire_in_batch",
+            Command::Acquire { .. } => "acquire",
+            Command::Release { .. } => "release",
+            Command::CancelWait { .. } => "cancel_wait",
+            Command::EndLockDelay { .. } => "end_lock_delay",
+        }
+    }
+
     /// See [`ConflictKey`].
     pub fn conflict_key(&self) -> ConflictKey {
         match self {

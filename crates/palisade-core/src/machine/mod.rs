@@ -59,7 +59,7 @@ pub use command::{
 };
 pub use error::{InvariantViolation, MachineError, SnapshotError};
 pub use state::LockMachine;
-pub use view::{LockView, SessionView, TokenCheck};
+pub use view::{LockView, MachineCounts, SessionView, TokenCheck};
 
 /// Most waiters one lock may queue. Bounds the memory a single hot lock can take
 /// and the length of a snapshot; a queue this long is a design problem upstream.

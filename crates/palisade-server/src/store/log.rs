@@ -91,6 +91,8 @@ pub struct LogStore {
     writer: mpsc::Sender<Op>,
     /// Told of every appended batch (see [`crate::commit_clock`]).
     clock: Option<Arc<crate::commit_clock::CommitClock>>,
+    /// The write-and-fdatasync time of every batch.
+    fsync: prometheus::Histogram,
 }
 
 /// Wraps a storage error for openraft, keeping it as the `source()`.
@@ -122,13 +124,19 @@ impl LogStore {
             mem.replay(record)?;
         }
         let (tx, rx) = mpsc::channel();
+        let fsync = crate::metrics::latency_histogram(
+            "palisade_log_fsync_duration_seconds",
+            "Time to write one batch of log records and fdatasync it.",
+        );
+        let timer = fsync.clone();
         std::thread::Builder::new()
             .name("palisade-log-writer".into())
-            .spawn(move || write_loop(wal, rx))?;
+            .spawn(move || write_loop(wal, rx, timer))?;
         Ok(LogStore {
             mem: Arc::new(RwLock::new(mem)),
             writer: tx,
             clock: None,
+            fsync,
         })
     }
 
@@ -137,6 +145,11 @@ impl LogStore {
     pub fn with_commit_clock(mut self, clock: Arc<crate::commit_clock::CommitClock>) -> Self {
         self.clock = Some(clock);
         self
+    }
+
+    /// The write-and-fdatasync time of every batch of records.
+    pub fn fsync_histogram(&self) -> &prometheus::Histogram {
+        &self.fsync
     }
 
     /// The index of the last entry known committed (0 before any).
@@ -248,7 +261,7 @@ const CARRY_AT_MOST: std::time::Duration = std::time::Duration::from_millis(500)
 /// costs no fsync of its own on the commit path (the committed index changes with
 /// every grant; syncing it separately doubled the fsyncs per grant). Carried
 /// operations are written on their own only after `CARRY_AT_MOST` of quiet.
-fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>) {
+fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>, fsync: prometheus::Histogram) {
     let mut carried: Vec<Op> = Vec::new();
     let mut closing = false;
     while !closing {
@@ -294,6 +307,7 @@ fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>) {
             }
         }
         let result = wal.write(&records);
+        fsync.observe(started.elapsed().as_secs_f64());
         tracing::debug!(
             records = records.len(),
             write_us = started.elapsed().as_micros() as u64,

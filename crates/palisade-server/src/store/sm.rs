@@ -173,6 +173,8 @@ pub struct StateMachineStore {
     file: Arc<SnapshotFile>,
     /// Told of every applied entry (see [`crate::commit_clock`]).
     clock: Option<Arc<crate::commit_clock::CommitClock>>,
+    /// What applied entries did, for Prometheus.
+    counters: crate::metrics::ApplyCounters,
 }
 
 /// Wraps a storage error for openraft, keeping it as the `source()`.
@@ -210,6 +212,7 @@ impl StateMachineStore {
             }),
             file: Arc::new(file),
             clock: None,
+            counters: crate::metrics::ApplyCounters::default(),
         })
     }
 
@@ -218,6 +221,11 @@ impl StateMachineStore {
     pub fn with_commit_clock(mut self, clock: Arc<crate::commit_clock::CommitClock>) -> Self {
         self.clock = Some(clock);
         self
+    }
+
+    /// What the entries applied so far did (shared with every clone).
+    pub fn counters(&self) -> crate::metrics::ApplyCounters {
+        self.counters.clone()
     }
 
     /// The state the services read.
@@ -241,8 +249,12 @@ impl StateMachineStore {
         // snapshot never pairs a machine state with another entry's log id.
         let mut machine = self.shared.machine.write().expect("poisoned");
         let applied = match entry.payload {
-            EntryPayload::Blank => EntryResponse::Raft,
+            EntryPayload::Blank => {
+                self.counters.count_other_entry();
+                EntryResponse::Raft
+            }
             EntryPayload::Membership(m) => {
+                self.counters.count_other_entry();
                 *self.shared.membership.write().expect("poisoned") =
                     StoredMembership::new(Some(entry.log_id), m);
                 EntryResponse::Raft
@@ -274,7 +286,9 @@ impl StateMachineStore {
                         _ => None,
                     })
                     .collect();
+                let kinds: Vec<&'static str> = cmds.iter().map(Command::kind).collect();
                 let applied = machine.apply_batch(index, cmds);
+                self.counters.count_entry(&kinds, &applied);
                 let mut events = Vec::new();
                 for (i, a) in applied.iter().enumerate() {
                     if let (Ok(_), Some(Some((session, name)))) = (&a.outcome, cancels.get(i)) {

@@ -942,3 +942,54 @@ fn a_session_keeps_its_owner_through_snapshots_and_old_entries_have_none() {
     };
     assert_eq!(h.m.session_owner(s2), Some(&SessionOwner::default()));
 }
+
+#[test]
+fn counts_follow_holders_waiters_delays_and_sessions() {
+    let mut h = Harness::new();
+    assert_eq!(h.m.counts(), MachineCounts::default());
+    let (a, b, c) = (h.session(), h.session(), h.session());
+    h.apply(acquire(a, "x", false, 5_000));
+    h.apply(acquire(a, "y", false, 0));
+    h.apply(acquire(b, "x", true, 0));
+    h.apply(acquire(c, "x", true, 0));
+    let counts = h.m.counts();
+    assert_eq!(
+        (
+            counts.sessions,
+            counts.held,
+            counts.waiters,
+            counts.in_lock_delay
+        ),
+        (3, 2, 2, 0)
+    );
+    // a expires: y is free, x enters lock-delay with its two waiters queued.
+    h.apply(Command::ExpireSession { session: a });
+    let counts = h.m.counts();
+    assert_eq!(
+        (
+            counts.sessions,
+            counts.held,
+            counts.waiters,
+            counts.in_lock_delay
+        ),
+        (2, 0, 2, 1)
+    );
+}
+
+#[test]
+fn a_commands_kind_is_its_name_in_the_log() {
+    let s = SessionId(1);
+    for cmd in [
+        create(1_000, ""),
+        Command::CloseSession { session: s },
+        Command::ExpireSession { session: s },
+        Command::ExpireInBatch { session: s },
+        acquire(s, "x", false, 0),
+        release(s, "x", tok(1)),
+        cancel(s, "x"),
+        end_delay("x"),
+    ] {
+        let json = serde_json::to_value(&cmd).unwrap();
+        assert_eq!(json["op"], cmd.kind(), "{json}");
+    }
+}

@@ -1,0 +1,151 @@
+//! What operators see: `/metrics` checked by `promtool` and scraped by a real
+//! Prometheus.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use palisade_testkit::{PalisadeNode, PrometheusServer, http_get};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_palisade"))
+}
+
+fn metrics_of(node: &PalisadeNode) -> String {
+    let (status, body) = http_get(&node.http_addr(), "/metrics").expect("GET /metrics");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the sample `series` (a name, with its labels if any, exactly
+/// as exported) in a text exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Polls `check` every 100 ms for up to 90 s.
+fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(90) {
+        if let Some(v) = check() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+fn endpoints(nodes: &[PalisadeNode]) -> String {
+    nodes
+        .iter()
+        .map(PalisadeNode::addr)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn lock(nodes: &[PalisadeNode], name: &str) {
+    let out = Command::new(bin())
+        .args(["lock", name, "--endpoints", &endpoints(nodes), "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn promtool_check(text: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The single number of an instant query's answer, if it has one.
+fn query_value(prometheus: &PrometheusServer, expr: &str) -> Option<f64> {
+    let body = prometheus.query(expr).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+    json["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+}
+
+#[test]
+fn metrics_pass_promtool_and_a_real_prometheus_sees_grants_move_on_three_nodes() {
+    let nodes = PalisadeNode::cluster(bin(), 3, &[]).unwrap();
+    let leader = eventually("one node says it leads", || {
+        let leading: Vec<_> = nodes
+            .iter()
+            .filter(|n| sample(&metrics_of(n), "palisade_is_leader") == Some(1.0))
+            .collect();
+        (leading.len() == 1).then(|| leading[0].id())
+    });
+    for i in 0..3 {
+        lock(&nodes, &format!("job-{i}"));
+    }
+    for node in &nodes {
+        let text = metrics_of(node);
+        let (ok, said) = promtool_check(&text);
+        assert!(ok, "promtool check metrics, node {}: {said}", node.id());
+        // Every member applies every entry: each counts the three grants.
+        let grants = eventually("the grants applied", || {
+            sample(&metrics_of(node), "palisade_grants_total").filter(|g| *g >= 3.0)
+        });
+        assert_eq!(grants, 3.0, "node {}", node.id());
+        assert_eq!(
+            sample(&text, "palisade_leader_id"),
+            Some(leader as f64),
+            "node {}",
+            node.id()
+        );
+        assert!(sample(&text, "palisade_log_fsync_duration_seconds_count") > Some(0.0));
+        assert!(sample(&text, "process_resident_memory_bytes") > Some(0.0));
+    }
+    let text = metrics_of(&nodes[leader as usize - 1]);
+    assert!(sample(&text, "palisade_commit_duration_seconds_count") > Some(0.0));
+    for peer in nodes.iter().filter(|n| n.id() != leader) {
+        let lag = format!("palisade_replication_lag_entries{{peer=\"{}\"}}", peer.id());
+        assert!(sample(&text, &lag).is_some(), "{lag} in\n{text}");
+    }
+    assert_eq!(
+        sample(&text, "palisade_releases_total{how=\"release\"}"),
+        Some(3.0)
+    );
+
+    let targets: Vec<String> = nodes.iter().map(PalisadeNode::http_addr).collect();
+    let prometheus = PrometheusServer::start(&targets).unwrap();
+    eventually("Prometheus scrapes all three nodes", || {
+        (query_value(&prometheus, "count(up{job=\"palisade\"} == 1)") == Some(3.0)).then_some(())
+    });
+    let before = eventually("Prometheus has the grant count", || {
+        query_value(&prometheus, "max(palisade_grants_total)")
+    });
+    for i in 0..4 {
+        lock(&nodes, &format!("more-{i}"));
+    }
+    let after = eventually("Prometheus sees the new grants", || {
+        query_value(&prometheus, "max(palisade_grants_total)").filter(|v| *v >= before + 4.0)
+    });
+    assert_eq!(after, before + 4.0, "{}", prometheus.log());
+}
