@@ -149,3 +149,118 @@ fn metrics_pass_promtool_and_a_real_prometheus_sees_grants_move_on_three_nodes()
     });
     assert_eq!(after, before + 4.0, "{}", prometheus.log());
 }
+
+/// The DOM of `url` after its script ran, as headless Chromium dumps it.
+fn chromium_dom(url: &str) -> String {
+    let bin = std::env::var("PALISADE_CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let out = Command::new(&bin)
+        .args([
+            "--headless",
+            // As root (CI) Chromium refuses to start sandboxed.
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            // Virtual time: the page's fetch and redraw complete before the dump,
+            // however slow the machine.
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            url,
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{bin} (Debian's chromium; scripts/test installs it): {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The table row of the members table for node `id`, as dumped.
+fn member_row(dom: &str, id: u64) -> Option<&str> {
+    let start = dom.find(&format!("data-node=\"{id}\""))?;
+    let end = dom[start..].find("</tr>")? + start;
+    Some(&dom[start..end])
+}
+
+/// Kills the child on drop.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn hold(nodes: &[PalisadeNode], name: &str, wait: &str) -> Running {
+    Running(
+        Command::new(bin())
+            .args([
+                "lock",
+                name,
+                "--endpoints",
+                &endpoints(nodes),
+                "--wait",
+                wait,
+            ])
+            .args(["--", "sleep", "600"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn the_status_page_in_chromium_shows_holders_and_waiters_and_follows_a_new_leader() {
+    let mut nodes = PalisadeNode::cluster(bin(), 3, &[]).unwrap();
+    let leader = eventually("a leader", || {
+        nodes
+            .iter()
+            .find(|n| sample(&metrics_of(n), "palisade_is_leader") == Some(1.0))
+            .map(PalisadeNode::id)
+    });
+    let holder = hold(&nodes, "orders/nightly", "0s");
+    let script_name = "<script>document.title='pwned'</script>";
+    let _odd = hold(&nodes, script_name, "0s");
+    // The waiter queues behind the holder: seen once the lock has one waiter.
+    eventually("the holder holds", || {
+        let (_, body) = http_get(&nodes[0].http_addr(), "/status.json").ok()?;
+        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (json["locks"].as_array()?.len() == 2).then_some(())
+    });
+    let waiter = hold(&nodes, "orders/nightly", "10m");
+    let waiter_pid = waiter.0.id();
+    let follower = nodes.iter().find(|n| n.id() != leader).unwrap();
+    let url = format!("http://{}/", follower.http_addr());
+    let dom = eventually("the page shows the lock, its holder and its waiter", || {
+        let dom = chromium_dom(&url);
+        (dom.contains("orders/nightly") && dom.contains(&format!("pid {waiter_pid}")))
+            .then_some(dom)
+    });
+    assert!(
+        dom.contains(&format!("pid {}", holder.0.id())),
+        "the holder's label: {dom}"
+    );
+    let row = member_row(&dom, leader).expect("the leader's row");
+    assert!(row.contains("class=\"leader\""), "{row}");
+    // The odd name is text in a cell, not an element that ran.
+    assert!(
+        dom.contains("&lt;script&gt;document.title='pwned'&lt;/script&gt;"),
+        "{dom}"
+    );
+    assert!(!dom.contains("<title>pwned"), "{dom}");
+
+    nodes[leader as usize - 1].kill();
+    let (new_leader, dom) = eventually("the page follows the new leader", || {
+        let dom = chromium_dom(&url);
+        let new = nodes
+            .iter()
+            .map(PalisadeNode::id)
+            .filter(|id| *id != leader)
+            .find(|id| member_row(&dom, *id).is_some_and(|r| r.contains("class=\"leader\"")))?;
+        Some((new, dom))
+    });
+    assert_ne!(new_leader, leader);
+    let old = member_row(&dom, leader).expect("the old leader is still a member");
+    assert!(old.contains("unreachable"), "{old}");
+    assert!(dom.contains("orders/nightly"), "{dom}");
+}

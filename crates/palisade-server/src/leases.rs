@@ -168,6 +168,35 @@ impl LeaseKeeper {
         Ok(ttl)
     }
 
+    /// How long each of `sessions` has left before this leader expires it, and
+    /// each of `delayed` locks before its lock-delay ends; `None` when this
+    /// node is not the leader (only the leader counts down). Sessions and
+    /// locks it does not track (yet) are left out.
+    pub fn time_left<'a>(
+        &self,
+        sessions: impl IntoIterator<Item = SessionId>,
+        delayed: impl IntoIterator<Item = &'a str>,
+    ) -> Option<(HashMap<SessionId, Duration>, HashMap<String, Duration>)> {
+        let t = self.tracked.lock().expect("poisoned");
+        t.term?;
+        let now = Instant::now();
+        let sessions = sessions
+            .into_iter()
+            .filter_map(|s| {
+                let c = t.sessions.get(&s)?;
+                Some((s, c.deadline.saturating_duration_since(now)))
+            })
+            .collect();
+        let delayed = delayed
+            .into_iter()
+            .filter_map(|name| {
+                let (_, ends) = t.delays.get(name)?;
+                Some((name.to_owned(), ends.saturating_duration_since(now)))
+            })
+            .collect();
+        Some((sessions, delayed))
+    }
+
     /// Whether this node's state machine has applied an entry of its current term
     /// (and so every entry committed before it).
     fn applied_own_term(&self) -> bool {

@@ -33,6 +33,7 @@ pub mod node;
 pub mod proposer;
 pub mod security;
 pub mod service;
+pub mod status;
 pub mod store;
 pub mod typ;
 pub mod wire_errors;

@@ -61,24 +61,29 @@ impl RaftNetworkFactory<TypeConfig> for PeerFactory {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let channel = Endpoint::from_shared(format!("{scheme}://{}", node.peer()))
-            .and_then(|e| match &self.tls {
-                Some(tls) => e.tls_config(tls.clone().domain_name(peer_server_name(target))),
-                None => Ok(e),
-            })
-            .map(|e| {
-                e.connect_timeout(Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .connect_lazy()
-            })
-            .map_err(|e| tracing::error!(target, error = %e, "unusable peer address"))
-            .ok();
         Peer {
             target,
-            client: channel.map(RaftClient::new),
+            client: peer_channel(self.tls.as_ref(), target, &node.peer()).map(RaftClient::new),
         }
     }
+}
+
+/// A lazily connecting channel to node `target`'s peer listener at `addr`,
+/// expecting its certificate (with `tls`); `None` when the address is unusable.
+pub fn peer_channel(tls: Option<&ClientTlsConfig>, target: NodeId, addr: &str) -> Option<Channel> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .and_then(|e| match tls {
+            Some(tls) => e.tls_config(tls.clone().domain_name(peer_server_name(target))),
+            None => Ok(e),
+        })
+        .map(|e| {
+            e.connect_timeout(Duration::from_secs(1))
+                .tcp_nodelay(true)
+                .connect_lazy()
+        })
+        .map_err(|e| tracing::error!(target, error = %e, "unusable peer address"))
+        .ok()
 }
 
 /// The connection to one peer.
@@ -173,10 +178,12 @@ pub fn peer_server_name(id: NodeId) -> String {
     format!("node-{id}.palisade")
 }
 
-/// The server side: hands peers' messages to the local Raft.
+/// The server side: hands peers' messages to the local Raft, and answers
+/// members' status questions.
 pub struct RaftService {
     raft: Raft,
     check: PeerCheck,
+    status: Arc<crate::status::StatusSource>,
 }
 
 /// What the interceptor learned about the sender, handed to the handler.
@@ -217,18 +224,23 @@ impl Interceptor for PeerGate {
 }
 
 impl RaftService {
-    /// Serves `raft` to peers, admitting them by `check`.
+    /// Serves `raft` (and this node's `status`) to peers, admitting them by `check`.
     pub fn new(
         raft: Raft,
         check: PeerCheck,
+        status: Arc<crate::status::StatusSource>,
     ) -> InterceptedService<raft_server::RaftServer<Self>, PeerGate> {
         let gate = PeerGate {
             raft: raft.clone(),
             check: check.clone(),
         };
         InterceptedService::new(
-            raft_server::RaftServer::new(RaftService { raft, check })
-                .max_decoding_message_size(256 * 1024 * 1024),
+            raft_server::RaftServer::new(RaftService {
+                raft,
+                check,
+                status,
+            })
+            .max_decoding_message_size(256 * 1024 * 1024),
             gate,
         )
     }
@@ -301,5 +313,15 @@ impl raft_server::Raft for RaftService {
             .await
             .map_err(RaftError::Fatal);
         encode(&installed)
+    }
+
+    /// Read-only and admitted like Raft traffic (with TLS: members only).
+    async fn node_status(
+        &self,
+        mut req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let _sender = sender(&mut req)?;
+        let asked: crate::status::ReportRequest = decode(req)?;
+        encode(&self.status.report(&asked))
     }
 }

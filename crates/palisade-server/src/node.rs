@@ -241,8 +241,9 @@ pub async fn run_until(
     // Any entry in the log at startup may have been acknowledged before a crash
     // (see `Api::linearize`).
     let read_floor = (log.vote_term(), log.last_index());
+    let peer_tls = tls.as_ref().map(Tls::to_peers);
     let peers = PeerFactory {
-        tls: tls.as_ref().map(Tls::to_peers),
+        tls: peer_tls.clone(),
     };
     let raft = Raft::new(config.id, Arc::new(raft_config), peers, log, sm)
         .await
@@ -291,6 +292,13 @@ pub async fn run_until(
     let proposer = Proposer::start(raft.clone());
     let leases = LeaseKeeper::new(raft.clone(), proposer.clone(), shared.clone());
     let keeper = tokio::spawn(leases.clone().run());
+    let status = Arc::new(crate::status::StatusSource::new(
+        raft.clone(),
+        shared.clone(),
+        leases.clone(),
+        committed.clone(),
+        peer_tls,
+    ));
     let shared_for_http = shared.clone();
     let api = Api::new(
         raft.clone(),
@@ -341,7 +349,7 @@ pub async fn run_until(
         counters: counters.clone(),
     };
     let peers = peer_server
-        .add_service(RaftService::new(raft.clone(), peer_check))
+        .add_service(RaftService::new(raft.clone(), peer_check, status.clone()))
         .serve_with_incoming_shutdown(incoming(peer_listener, limits, counters), stopped(stop_rx));
     let http = http_listener.map(|listener| {
         let observed = Arc::new(crate::http::Observed {
@@ -349,6 +357,7 @@ pub async fn run_until(
             shared: shared_for_http.clone(),
             committed,
             metrics: node_metrics,
+            status,
         });
         let stop = stopped(stop_rx_http);
         tokio::spawn(async move {

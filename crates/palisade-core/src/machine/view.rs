@@ -128,6 +128,21 @@ impl LockMachine {
         counts
     }
 
+    /// The first `limit` locks by name that are held or in lock-delay (a
+    /// status page need not copy a million).
+    pub fn list_up_to(&self, limit: usize) -> Vec<LockView> {
+        self.locks
+            .iter()
+            .take(limit)
+            .map(|(name, lock)| lock_view(name, lock))
+            .collect()
+    }
+
+    /// Session `id`'s label, if it is alive.
+    pub fn session_label(&self, id: SessionId) -> Option<&str> {
+        self.sessions.get(&id).map(|s| s.label.as_str())
+    }
+
     /// The session `id`, if it is alive.
     pub fn session(&self, id: SessionId) -> Option<SessionView> {
         self.sessions.get(&id).map(|s| session_view(id, s))

@@ -17,7 +17,9 @@ use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{OptionalSend, RaftSnapshotBuilder};
 use palisade_core::FencingToken;
-use palisade_core::machine::{Applied, Command, Grant, LockMachine, Reply, SessionId};
+use palisade_core::machine::{
+    Applied, Command, Grant, LockMachine, MachineError, Reply, SessionId,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
@@ -58,6 +60,31 @@ pub struct Shared {
     pub changed: tokio::sync::Notify,
     /// What the last snapshot this node built or installed cost.
     pub snapshot_stats: Mutex<SnapshotStats>,
+    /// The latest expiries and lock-delays, newest last (see [`RECENT`]).
+    recent: Mutex<std::collections::VecDeque<RecentEvent>>,
+}
+
+/// How many [`RecentEvent`]s a node remembers.
+pub const RECENT: usize = 50;
+
+/// An expiry or a lock-delay, as an operator wants to see it afterwards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecentEvent {
+    /// When this node applied it (its wall clock: for display, never for safety).
+    pub at_unix_ms: u64,
+    /// The log index of the entry.
+    pub index: u64,
+    /// `expiry` (a session's lease ran out) or `lock_delay` (a lock it held
+    /// stays unavailable for `lock_delay_ms`).
+    pub kind: &'static str,
+    /// The session.
+    pub session: u64,
+    /// The lock, if the event concerns one.
+    pub lock: Option<String>,
+    /// The expired grant's fencing token (expiry of a holder).
+    pub token: Option<u64>,
+    /// The lock-delay's length.
+    pub lock_delay_ms: Option<u64>,
 }
 
 /// The cost of this node's most recent snapshots, for `Status` and benchmarks.
@@ -113,6 +140,24 @@ impl Shared {
 
     fn push_lease_events(&self, events: impl IntoIterator<Item = LeaseEvent>) {
         self.lease_events.lock().expect("poisoned").extend(events);
+    }
+
+    /// The latest expiries and lock-delays this node applied, oldest first.
+    pub fn recent(&self) -> Vec<RecentEvent> {
+        self.recent
+            .lock()
+            .expect("poisoned")
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn remember(&self, events: impl IntoIterator<Item = RecentEvent>) {
+        let mut recent = self.recent.lock().expect("poisoned");
+        recent.extend(events);
+        while recent.len() > RECENT {
+            recent.pop_front();
+        }
     }
 
     /// Registers interest in a grant of `name` to `session`.
@@ -209,6 +254,7 @@ impl StateMachineStore {
                 lease_events: Mutex::new(Vec::new()),
                 changed: tokio::sync::Notify::new(),
                 snapshot_stats: Mutex::new(stats),
+                recent: Mutex::default(),
             }),
             file: Arc::new(file),
             clock: None,
@@ -287,8 +333,30 @@ impl StateMachineStore {
                     })
                     .collect();
                 let kinds: Vec<&'static str> = cmds.iter().map(Command::kind).collect();
+                // What an expiring session holds, so its expiry can be logged
+                // with each lock's token (the reply names the locks only).
+                let expiring: Vec<Vec<Grant>> =
+                    cmds.iter()
+                        .map(|cmd| match cmd {
+                            Command::ExpireSession { session }
+                            | Command::ExpireInBatch { session } => machine.locks_held_by(*session),
+                            _ => Vec::new(),
+                        })
+                        .collect();
+                let releases: Vec<Option<(SessionId, String, FencingToken)>> = cmds
+                    .iter()
+                    .map(|cmd| match cmd {
+                        Command::Release {
+                            session,
+                            name,
+                            token,
+                        } => Some((*session, name.clone(), *token)),
+                        _ => None,
+                    })
+                    .collect();
                 let applied = machine.apply_batch(index, cmds);
                 self.counters.count_entry(&kinds, &applied);
+                self.note_expiries_and_refusals(&kinds, &expiring, &releases, &applied);
                 let mut events = Vec::new();
                 for (i, a) in applied.iter().enumerate() {
                     if let (Ok(_), Some(Some((session, name)))) = (&a.outcome, cancels.get(i)) {
@@ -330,6 +398,94 @@ impl StateMachineStore {
             clock.applied(index);
         }
         applied
+    }
+}
+
+impl StateMachineStore {
+    /// Logs (and remembers for the status page) every lease expiry with each
+    /// lock and token it freed, every lock-delay started, and every release
+    /// refused for a stale or foreign token.
+    fn note_expiries_and_refusals(
+        &self,
+        kinds: &[&'static str],
+        expiring: &[Vec<Grant>],
+        releases: &[Option<(SessionId, String, FencingToken)>],
+        applied: &[Applied],
+    ) {
+        let mut events = Vec::new();
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        for (i, a) in applied.iter().enumerate() {
+            let expired = matches!(kinds.get(i), Some(&("expire_session" | "expire_in_batch")));
+            match &a.outcome {
+                Ok(Reply::SessionEnded {
+                    session,
+                    lock_delay,
+                    ..
+                }) if expired => {
+                    let held = expiring.get(i).map_or(&[][..], Vec::as_slice);
+                    if held.is_empty() {
+                        tracing::info!(session = session.0, index = a.index, "lease expired");
+                    }
+                    let event = |lock: Option<&Grant>| RecentEvent {
+                        at_unix_ms,
+                        index: a.index,
+                        kind: "expiry",
+                        session: session.0,
+                        lock: lock.map(|g| g.name.clone()),
+                        token: lock.map(|g| g.token.get()),
+                        lock_delay_ms: None,
+                    };
+                    if held.is_empty() {
+                        events.push(event(None));
+                    }
+                    for g in held {
+                        tracing::info!(
+                            session = session.0,
+                            lock = %g.name,
+                            token = g.token.get(),
+                            index = a.index,
+                            "lease expired: lock released"
+                        );
+                        events.push(event(Some(g)));
+                    }
+                    for d in lock_delay {
+                        tracing::info!(
+                            session = session.0,
+                            lock = %d.name,
+                            lock_delay_ms = d.lock_delay_ms,
+                            index = a.index,
+                            "lock-delay started"
+                        );
+                        events.push(RecentEvent {
+                            at_unix_ms,
+                            index: a.index,
+                            kind: "lock_delay",
+                            session: session.0,
+                            lock: Some(d.name.clone()),
+                            token: None,
+                            lock_delay_ms: Some(d.lock_delay_ms),
+                        });
+                    }
+                }
+                Err(e @ (MachineError::StaleToken { .. } | MachineError::NotHolder { .. })) => {
+                    if let Some(Some((session, name, token))) = releases.get(i) {
+                        tracing::info!(
+                            session = session.0,
+                            lock = %name,
+                            token = token.get(),
+                            reason = %e,
+                            "release refused"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !events.is_empty() {
+            self.shared.remember(events);
+        }
     }
 }
 

@@ -1,0 +1,95 @@
+// The status page's script: reads /status.json every second and redraws.
+// Every value goes into the page as text (textContent), never as markup, so a
+// lock name such as "<script>" is shown, not run.
+"use strict";
+
+const REFRESH_MS = 1000;
+
+function cell(row, text, cls) {
+  const td = row.insertCell();
+  td.textContent = text === null || text === undefined ? "–" : String(text);
+  if (cls) td.className = cls;
+  return td;
+}
+
+function ms(v) {
+  if (v === null || v === undefined) return "–";
+  return v < 1000 ? v + " ms" : (v / 1000).toFixed(1) + " s";
+}
+
+function session(id, label) {
+  return label ? id + " (" + label + ")" : String(id);
+}
+
+function fill(id, rows, draw) {
+  const body = document.querySelector("#" + id + " tbody");
+  body.replaceChildren();
+  for (const r of rows) draw(body.insertRow(), r);
+}
+
+function draw(s) {
+  document.getElementById("node").textContent = "— node " + s.node;
+  const leader = s.leader === null ? "no leader" : "leader: node " + s.leader;
+  document.getElementById("summary").textContent =
+    leader + " · term " + s.term + " · " + s.sessions + " sessions · " +
+    s.locks_total + " locks · " + s.waiters_total + " waiting · updated " +
+    new Date().toLocaleTimeString();
+  document.getElementById("stale").textContent = "";
+  fill("members", s.members, (row, m) => {
+    row.dataset.node = m.id;
+    const r = m.report;
+    cell(row, m.id + (m.voter ? "" : " (learner)"));
+    cell(row, m.addr);
+    cell(row, r ? r.role : null, r && r.role === "leader" ? "leader" : "");
+    cell(row, r && r.term, "num");
+    cell(row, r && r.last_log_index, "num");
+    cell(row, r && r.commit_index, "num");
+    cell(row, r && r.applied_index, "num");
+    cell(row, m.lag, "num");
+    cell(row, m.last_ack_ms === null ? null : ms(m.last_ack_ms), "num");
+    const health = cell(row, m.health, m.health);
+    if (m.error) health.title = m.error;
+  });
+  const shown = s.locks.length < s.locks_total
+    ? "(first " + s.locks.length + " of " + s.locks_total + ")" : "(" + s.locks_total + ")";
+  document.getElementById("lockcount").textContent = shown;
+  const longest = Math.max(1, ...s.locks.map((l) => l.time_left_ms || 0));
+  fill("locks", s.locks, (row, l) => {
+    row.dataset.lock = l.name;
+    cell(row, l.name);
+    if (l.in_lock_delay) cell(row, "in lock-delay", "delay");
+    else cell(row, session(l.holder, l.holder_label));
+    cell(row, l.token, "num");
+    cell(row, l.waiters.length ? l.waiters.map((w) => session(w[0], w[1])).join(", ") : "");
+    const left = cell(row, ms(l.time_left_ms), "num");
+    if (l.time_left_ms !== null) {
+      const bar = document.createElement("span");
+      bar.className = "bar";
+      bar.style.width = Math.round(60 * l.time_left_ms / longest) + "px";
+      left.appendChild(bar);
+    }
+  });
+  fill("recent", s.recent, (row, e) => {
+    cell(row, new Date(e.at_unix_ms).toLocaleTimeString());
+    cell(row, e.kind === "expiry" ? "lease expired"
+      : "lock-delay " + ms(e.lock_delay_ms), e.kind === "expiry" ? "" : "delay");
+    cell(row, e.session);
+    cell(row, e.lock);
+    cell(row, e.token, "num");
+    cell(row, e.index, "num");
+  });
+}
+
+async function refresh() {
+  try {
+    const answer = await fetch("/status.json", { cache: "no-store" });
+    if (!answer.ok) throw new Error("HTTP " + answer.status);
+    draw(await answer.json());
+  } catch (e) {
+    document.getElementById("stale").textContent =
+      "this node did not answer (" + e.message + "); showing the last answer";
+  }
+  setTimeout(refresh, REFRESH_MS);
+}
+
+refresh();
