@@ -26,8 +26,45 @@ use palisade_harness::{bench, chaos, demo};
     about = "Distributed locks with fencing tokens, and honest efficiency locks on Redis"
 )]
 struct Cli {
+    /// How log lines on stderr look: `text` for people, `json` (one object
+    /// per line: timestamp, level, message and fields) for log pipelines.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "PALISADE_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// See `--log-format`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr, filtered by `PALISADE_LOG` (default: a node's role changes
+/// and the events operators act on).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PALISADE_LOG")
+        // A node says in one line each when it leads, follows or
+        // snapshots; openraft's own warnings are the expected noise of
+        // an election (votes racing, a peer not up yet), its errors are not.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(
+                "warn,palisade_server=info,palisade_fence=info,openraft=error",
+            )
+        });
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+        LogFormat::Text => logs
+            // Colour codes only for a person at a terminal, never into a log file.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            // Module paths help whoever turned on PALISADE_LOG; others read words.
+            .with_target(std::env::var_os("PALISADE_LOG").is_some())
+            .init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -90,22 +127,6 @@ fn print_all(bytes: &[u8]) -> anyhow::Result<i32> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PALISADE_LOG")
-                // A node says in one line each when it leads, follows or
-                // snapshots; openraft's own warnings are the expected noise of
-                // an election (votes racing, a peer not up yet), its errors are not.
-                .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("warn,palisade_server=info,openraft=error")
-                }),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, never into a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // Module paths help whoever turned on PALISADE_LOG; others read words.
-        .with_target(std::env::var_os("PALISADE_LOG").is_some())
-        .init();
     let args = config_file::merge(
         <Cli as clap::CommandFactory>::command(),
         std::env::args_os().collect(),
@@ -115,6 +136,7 @@ fn main() {
         std::process::exit(exit::USAGE)
     });
     let cli = Cli::parse_from(args);
+    init_logging(cli.log_format);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let code = runtime.block_on(async {
         match cli.command {

@@ -363,6 +363,16 @@ fn fence_store_rejects_token_33_after_34() {
         "{body}"
     );
     assert!(body.ends_with("from 34"), "{body}");
+    // The refusal is counted by its reason, the write by its method.
+    let (status, metrics) = palisade_testkit::http_get(&addr, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    for line in [
+        "palisade_fence_writes_rejected_total{reason=\"stale_token\"} 1",
+        "palisade_fence_writes_accepted_total{method=\"PUT\"} 1",
+        "palisade_fence_stale_writes_accepted_total 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     let _ = store.kill();
     let _ = store.wait();
 }

@@ -191,16 +191,14 @@ impl Drop for Running {
 }
 
 fn hold(nodes: &[PalisadeNode], name: &str, wait: &str) -> Running {
+    hold_with(nodes, name, &["--wait", wait])
+}
+
+fn hold_with(nodes: &[PalisadeNode], name: &str, args: &[&str]) -> Running {
     Running(
         Command::new(bin())
-            .args([
-                "lock",
-                name,
-                "--endpoints",
-                &endpoints(nodes),
-                "--wait",
-                wait,
-            ])
+            .args(["lock", name, "--endpoints", &endpoints(nodes)])
+            .args(args)
             .args(["--", "sleep", "600"])
             .stdin(Stdio::null())
             .stderr(Stdio::null())
@@ -263,4 +261,45 @@ fn the_status_page_in_chromium_shows_holders_and_waiters_and_follows_a_new_leade
     let old = member_row(&dom, leader).expect("the old leader is still a member");
     assert!(old.contains("unreachable"), "{old}");
     assert!(dom.contains("orders/nightly"), "{dom}");
+}
+
+#[test]
+fn with_log_format_json_a_lease_expiry_is_one_json_line_with_lock_token_and_session() {
+    let mut node = PalisadeNode::prepare(bin(), 1).unwrap();
+    node.set_args(&["--log-format", "json"]);
+    node.set_log_filter("warn,palisade_server=info");
+    node.start().unwrap();
+    let nodes = [node];
+    let mut holder = hold_with(&nodes, "reports/daily", &["--ttl", "1s"]);
+    let token = eventually("the lock is held", || {
+        let (_, body) = http_get(&nodes[0].http_addr(), "/status.json").ok()?;
+        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+        json["locks"][0]["token"].as_u64()
+    });
+    // A holder that dies silently: its lease runs out on the leader.
+    let _ = holder.0.kill();
+    let _ = holder.0.wait();
+    let line = eventually("the expiry is logged", || {
+        nodes[0]
+            .log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["fields"]["message"] == "lease expired: lock released")
+    });
+    let fields = &line["fields"];
+    assert_eq!(fields["lock"], "reports/daily", "{line}");
+    assert_eq!(fields["token"], token, "{line}");
+    assert!(fields["session"].as_u64().is_some(), "{line}");
+    assert_eq!(line["level"], "INFO", "{line}");
+    // Every line the node wrote is JSON, its start-up line aside.
+    for l in nodes[0]
+        .log()
+        .lines()
+        .filter(|l| !l.starts_with("palisade: node"))
+    {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(l).is_ok(),
+            "not JSON: {l}"
+        );
+    }
 }

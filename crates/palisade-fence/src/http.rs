@@ -7,6 +7,7 @@
 //! | `GET /v1/objects/{key}`, header `Fencing-Token: N` (a fenced read: admits N first) | as `GET` | as `GET`, and 400 `malformed_token`, 409 `stale_token` |
 //! | `DELETE /v1/objects/{key}`, header `Fencing-Token: N` | `200 {"key","token","previous","deleted"}` | as `PUT` |
 //! | `GET /v1/health` | `200 {"status":"ok","fencing":"on"\|"off"}` | |
+//! | `GET /metrics` | `200`, Prometheus text: writes accepted by method, refused by reason, stale writes let through (fencing off) | |
 //!
 //! Every error is JSON: `{"error": CODE, "message": TEXT, …}`; a stale token adds
 //! `"presented"` and `"highest"`. A 2xx to a `PUT` or `DELETE` is sent only after
@@ -77,7 +78,7 @@ pub async fn serve_store(
 ) -> Result<(), ServeError> {
     let fencing = store.fencing();
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, ?fencing, "fence-store listening");
+        tracing::debug!(%addr, ?fencing, "fence-store listening");
     }
     axum::serve(listener, router(store))
         .with_graceful_shutdown(shutdown)
@@ -125,7 +126,7 @@ pub async fn serve_store_tls(
     use hyper_util::service::TowerToHyperService;
     let fencing = store.fencing();
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, ?fencing, "fence-store listening (TLS)");
+        tracing::debug!(%addr, ?fencing, "fence-store listening (TLS)");
     }
     let app = router(store);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -160,8 +161,111 @@ pub async fn serve_store_tls(
     }
 }
 
+/// What the store counts, served at `GET /metrics` in Prometheus' text format.
+#[derive(Clone)]
+struct StoreMetrics {
+    registry: prometheus::Registry,
+    accepted: prometheus::IntCounterVec,
+    rejected: prometheus::IntCounterVec,
+    stale_accepted: prometheus::IntCounter,
+}
+
+/// Why a write was refused, carried from the error to the counting layer.
+#[derive(Clone, Copy)]
+struct Refused(&'static str);
+
+/// Marks a write accepted although its token was stale (fencing off).
+#[derive(Clone, Copy)]
+struct StaleAccepted;
+
+impl StoreMetrics {
+    fn new() -> Self {
+        let vec = |name: &str, help: &str, label: &str| {
+            prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), &[label])
+                .expect("valid counter")
+        };
+        let metrics = StoreMetrics {
+            registry: prometheus::Registry::new(),
+            accepted: vec(
+                "palisade_fence_writes_accepted_total",
+                "Writes (PUT, DELETE) the store committed, by method.",
+                "method",
+            ),
+            rejected: vec(
+                "palisade_fence_writes_rejected_total",
+                "Writes the store refused, by reason (stale_token, missing_token, …).",
+                "reason",
+            ),
+            stale_accepted: prometheus::IntCounter::new(
+                "palisade_fence_stale_writes_accepted_total",
+                "Writes with a stale token the store accepted because fencing is off.",
+            )
+            .expect("valid counter"),
+        };
+        for method in ["PUT", "DELETE"] {
+            metrics.accepted.with_label_values(&[method]);
+        }
+        for reason in [
+            "stale_token",
+            "missing_token",
+            "malformed_token",
+            "bad_key",
+            "body_too_large",
+            "storage",
+        ] {
+            metrics.rejected.with_label_values(&[reason]);
+        }
+        for c in [metrics.accepted.clone(), metrics.rejected.clone()] {
+            metrics
+                .registry
+                .register(Box::new(c))
+                .expect("unique names");
+        }
+        metrics
+            .registry
+            .register(Box::new(metrics.stale_accepted.clone()))
+            .expect("unique names");
+        metrics
+    }
+
+    fn render(&self) -> Response {
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &self.registry.gather(),
+            &mut text,
+        )
+        .expect("the text encoder writes to memory");
+        ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response()
+    }
+}
+
+/// Counts every write by its answer (the handlers mark refusals and stale
+/// acceptances on the response).
+async fn count_writes(
+    State(metrics): State<StoreMetrics>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    if method == axum::http::Method::PUT || method == axum::http::Method::DELETE {
+        if let Some(Refused(reason)) = response.extensions().get::<Refused>() {
+            metrics.rejected.with_label_values(&[reason]).inc();
+        } else if response.status().is_success() {
+            metrics.accepted.with_label_values(&[method.as_str()]).inc();
+            if response.extensions().get::<StaleAccepted>().is_some() {
+                metrics.stale_accepted.inc();
+            }
+        }
+    }
+    response
+}
+
 /// The HTTP routes over `store` (for tests, or to mount under another router).
 pub fn router(store: ObjectStore) -> Router {
+    let metrics = StoreMetrics::new();
+    let rendered = metrics.clone();
     Router::new()
         .route("/v1/health", get(health))
         .route(
@@ -174,6 +278,8 @@ pub fn router(store: ObjectStore) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(store)
+        .route("/metrics", get(move || async move { rendered.render() }))
+        .layer(axum::middleware::from_fn_with_state(metrics, count_writes))
 }
 
 /// A refused request: a status and the JSON body `{"error", "message", …extra}`.
@@ -201,19 +307,27 @@ impl ApiError {
 
     fn fence(key: &ObjectKey, e: FenceError) -> Self {
         match e {
-            FenceError::StaleToken { presented, highest } => Self::new(
-                StatusCode::CONFLICT,
-                "stale_token",
-                format!(
-                    "token {presented} is stale: {:?} has already accepted token {highest}",
-                    key.as_str()
-                ),
-            )
-            .with(json!({
-                "key": key.as_str(),
-                "presented": presented.get(),
-                "highest": highest.get(),
-            })),
+            FenceError::StaleToken { presented, highest } => {
+                tracing::info!(
+                    %key,
+                    token = presented.get(),
+                    highest = highest.get(),
+                    "stale token refused"
+                );
+                Self::new(
+                    StatusCode::CONFLICT,
+                    "stale_token",
+                    format!(
+                        "token {presented} is stale: {:?} has already accepted token {highest}",
+                        key.as_str()
+                    ),
+                )
+                .with(json!({
+                    "key": key.as_str(),
+                    "presented": presented.get(),
+                    "highest": highest.get(),
+                }))
+            }
             other => {
                 tracing::error!(%key, error = %other, "fence-store storage failure");
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", other)
@@ -228,7 +342,9 @@ impl IntoResponse for ApiError {
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), self.extra) {
             body.extend(extra);
         }
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        response.extensions_mut().insert(Refused(self.code));
+        response
     }
 }
 
@@ -331,11 +447,13 @@ async fn put_object(
     let body = read_body(&headers, body).await?;
     let k = key.clone();
     let admitted = blocking(&key, move || store.put(&k, token, &body)).await?;
+    let mut response = axum::Json(written(&key, &admitted)).into_response();
     if admitted.was_stale() {
         tracing::warn!(%key, token = %admitted.token, highest = %admitted.highest(),
             "fencing off: accepted a stale write");
+        response.extensions_mut().insert(StaleAccepted);
     }
-    Ok(axum::Json(written(&key, &admitted)).into_response())
+    Ok(response)
 }
 
 async fn get_object(

@@ -19,6 +19,8 @@ pub struct PalisadeNode {
     dir: tempfile::TempDir,
     initial_cluster: Option<String>,
     extra_args: Vec<String>,
+    /// `PALISADE_LOG` for the process (default: the test's own, or `warn`).
+    log_filter: Option<String>,
     child: Option<Child>,
 }
 
@@ -44,6 +46,7 @@ impl PalisadeNode {
             dir: tempfile::tempdir()?,
             initial_cluster: None,
             extra_args: Vec::new(),
+            log_filter: None,
             child: None,
         })
     }
@@ -106,6 +109,12 @@ impl PalisadeNode {
         self.extra_args = args.iter().map(|s| s.to_string()).collect();
     }
 
+    /// `PALISADE_LOG` for the process from the next start on (to see its
+    /// INFO lines, say).
+    pub fn set_log_filter(&mut self, filter: &str) {
+        self.log_filter = Some(filter.to_owned());
+    }
+
     /// Starts (or restarts) the process on the same port and data directory.
     ///
     /// # Errors
@@ -122,7 +131,9 @@ impl PalisadeNode {
             .args(&self.extra_args)
             .env(
                 "PALISADE_LOG",
-                std::env::var("PALISADE_LOG").unwrap_or_else(|_| "warn".into()),
+                self.log_filter.clone().unwrap_or_else(|| {
+                    std::env::var("PALISADE_LOG").unwrap_or_else(|_| "warn".into())
+                }),
             )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
