@@ -180,6 +180,11 @@ pub struct LockArgs {
     /// Time CMD gets between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, default_value = "5s", value_parser = duration_arg)]
     grace: Duration,
+    /// At exit, write the lock-safety figures (guarantee left at release, time
+    /// CMD ran past its guarantee, lost leases, late grants) to this file in
+    /// Prometheus' text format — for node_exporter's textfile collector.
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -397,16 +402,21 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
             }
         }
     };
+    let safety = palisade_core::safety::LockSafety::new();
     let (locks, lease) = match acquired.await {
         Ok(pair) => pair,
         Err(e @ LockError::InvalidInput(_)) => return usage(&e),
         Err(e) => {
+            if e == LockError::GrantTooLate {
+                safety.grant_too_late();
+            }
             let e = e.to_string();
             eprintln!(
                 "palisade: lock {:?} not obtained: {e}{}",
                 a.name,
                 unreachable_hint(&e)
             );
+            write_safety(a.metrics_file.as_deref(), &safety);
             return Ok(exit::NOT_OBTAINED);
         }
     };
@@ -436,22 +446,46 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
     .await;
     let outcome = match ended? {
         Ended::Exited(status) => {
+            safety.work_ended(lease.guaranteed_until(), std::time::Instant::now());
             if let Err(e) = lease.release().await {
                 eprintln!("palisade: release of {:?}: {e}", a.name);
             }
             shell_status(status)
         }
         Ended::Lost { reason, status } => {
+            // The command ran from the end of its guarantee until it stopped:
+            // a window in which another holder may have had the lock.
+            let guaranteed_until = lease.guaranteed_until();
+            let stopped = std::time::Instant::now();
+            safety.work_ended(guaranteed_until, stopped);
             eprintln!(
-                "palisade: lock {:?} lost ({reason}); stopped the command ({status})",
-                a.name
+                "palisade: lock {:?} lost ({reason}); stopped the command ({status}) {:.1} s \
+                 after its guarantee ran out",
+                a.name,
+                stopped
+                    .saturating_duration_since(guaranteed_until)
+                    .as_secs_f64()
             );
             drop(lease);
             exit::LOST
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), locks.close()).await;
+    write_safety(a.metrics_file.as_deref(), &safety);
     Ok(outcome)
+}
+
+/// Writes the lock-safety figures to `path` whole or not at all (a temporary
+/// file renamed into place, as a textfile collector expects); a failure is
+/// reported, not fatal.
+fn write_safety(path: Option<&std::path::Path>, safety: &palisade_core::safety::LockSafety) {
+    let Some(path) = path else { return };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let written = std::fs::write(&tmp, safety.render()).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        eprintln!("palisade: cannot write {}: {e}", path.display());
+    }
 }
 
 /// Awaits `work`; if it takes more than a second (nodes down, an election),

@@ -303,3 +303,84 @@ fn with_log_format_json_a_lease_expiry_is_one_json_line_with_lock_token_and_sess
         );
     }
 }
+
+/// Sends SIGCONT to a paused process when dropped, whatever the test did.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+#[test]
+fn palisade_lock_reports_the_slack_it_left_and_the_overrun_of_a_lease_squeezed_by_a_paused_server()
+{
+    let node = PalisadeNode::single(bin()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    let run = |name: &str, ttl: &str, file: &str, command: &str| {
+        Command::new(bin())
+            .args(["lock", name, "--endpoints", &node.addr(), "--ttl", ttl])
+            .args(["--grace", "0s", "--metrics-file"])
+            .arg(dir.path().join(file))
+            .args(["--", "sh", "-c", command])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+
+    // Work well inside its lease: the guarantee it did not need is the slack.
+    let calm = run("calm", "60s", "calm.prom", "true");
+    assert!(calm.status.success(), "{calm:?}");
+    let text = metrics("calm.prom");
+    assert_eq!(
+        sample(&text, "palisade_lock_release_slack_seconds_count"),
+        Some(1.0)
+    );
+    assert!(
+        sample(&text, "palisade_lock_release_slack_seconds_sum") > Some(0.0),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "palisade_lock_leases_lost_total"), Some(0.0));
+    assert_eq!(
+        sample(&text, "palisade_lock_overrun_seconds_count"),
+        Some(0.0)
+    );
+
+    // The command pauses the server: no keep-alive is answered, the 1 s lease
+    // runs out while the command still runs, and it is stopped past its guarantee.
+    let pid = node.pid().unwrap();
+    let _resume = Resume(pid);
+    let squeezed = run(
+        "squeezed",
+        "1s",
+        "squeezed.prom",
+        // `exec`: the shell becomes the sleep, so stopping the command stops it.
+        &format!("kill -STOP {pid}; exec sleep 600"),
+    );
+    let said = String::from_utf8_lossy(&squeezed.stderr);
+    assert!(!squeezed.status.success(), "{said}");
+    assert!(said.contains("after its guarantee ran out"), "{said}");
+    let text = metrics("squeezed.prom");
+    assert_eq!(
+        sample(&text, "palisade_lock_leases_lost_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "palisade_lock_overrun_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "palisade_lock_overrun_seconds_sum") > Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "palisade_lock_release_slack_seconds_count"),
+        Some(0.0)
+    );
+}

@@ -96,6 +96,10 @@ impl FencedGuard {
     /// no longer ours (nothing changed then), [`ClientError::Unavailable`].
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.released = true;
+        // The work under the lock ends here: how much guarantee was left?
+        self.client
+            .lock_safety()
+            .work_ended(self.guaranteed_until(), Instant::now());
         release(&self.client, &self.name, self.token).await
     }
 }

@@ -220,6 +220,7 @@ pub struct AcquireOptions {
 pub struct Client {
     conn: Arc<Connector>,
     session: Arc<Session>,
+    safety: Arc<palisade_core::safety::LockSafety>,
 }
 
 impl Client {
@@ -236,7 +237,11 @@ impl Client {
             .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
         let conn = Arc::new(Connector::new(&config)?);
         let session = Session::open(conn.clone(), &config).await?;
-        Ok(Client { conn, session })
+        Ok(Client {
+            conn,
+            session,
+            safety: Arc::default(),
+        })
     }
 
     /// The session id.
@@ -252,6 +257,17 @@ impl Client {
     /// How long the session (and every lock it holds) is still guaranteed.
     pub fn remaining(&self) -> Duration {
         self.session.remaining()
+    }
+
+    /// This client's lock-safety figures (see [`palisade_core::safety`]): the
+    /// slack left at each release, overruns past the guarantee, lost leases,
+    /// grants that came too late. Register [`LockSafety::collectors`] in your
+    /// Prometheus registry, or write [`LockSafety::render`] out.
+    ///
+    /// [`LockSafety::collectors`]: palisade_core::safety::LockSafety::collectors
+    /// [`LockSafety::render`]: palisade_core::safety::LockSafety::render
+    pub fn lock_safety(&self) -> &palisade_core::safety::LockSafety {
+        &self.safety
     }
 
     /// Until when the session is guaranteed, on this process's monotonic clock:
@@ -306,6 +322,7 @@ impl Client {
                 // one that arrives later may have been expired and handed on
                 // already. Dropping the guard releases it (best effort).
                 if self.session.check_alive().is_err() {
+                    self.safety.grant_too_late();
                     drop(guard);
                     return Err(ClientError::GrantTooLate);
                 }

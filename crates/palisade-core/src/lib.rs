@@ -15,6 +15,8 @@ pub mod lease;
 pub mod limits;
 pub mod lock;
 pub mod machine;
+#[cfg(feature = "runtime")]
+pub mod safety;
 pub mod token;
 
 pub use lease::LeaseState;
