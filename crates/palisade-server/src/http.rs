@@ -4,7 +4,7 @@
 //!
 //! Read-only and unauthenticated, like every Prometheus endpoint: it shows lock
 //! names and session labels, so bind it to an address only the monitoring
-//! network reaches (docs/operations.md).
+//! network reaches (docs/observability.md).
 
 use std::sync::Arc;
 
