@@ -62,6 +62,11 @@ pub struct LockArgs {
     /// Time CMD gets between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, default_value = "5s", value_parser = duration_arg)]
     grace: Duration,
+    /// At exit, write the lock-safety figures (validity at grant, validity
+    /// left at release, time CMD ran past it) to this file in Prometheus' text
+    /// format — for node_exporter's textfile collector.
+    #[arg(long)]
+    metrics_file: Option<std::path::PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -141,6 +146,8 @@ async fn lock(a: LockArgs) -> Result<i32> {
             });
         }
     };
+    let safety = palisade_core::safety::LockSafety::new();
+    safety.granted_with_validity(guard.remaining());
     eprintln!(
         "palisade: holding {:?} on {} node(s) (quorum {}), validity {:.3} s; no fencing token (efficiency lock)",
         a.name,
@@ -171,7 +178,12 @@ async fn lock(a: LockArgs) -> Result<i32> {
         }
     };
     let ended = run_holding(&a.command, &env, lost, a.grace).await;
+    safety.work_ended(
+        palisade_core::EfficiencyLease::guaranteed_until(&guard),
+        std::time::Instant::now(),
+    );
     let released = guard.release().await;
+    crate::server_cmd::write_safety(a.metrics_file.as_deref(), &safety);
     match ended? {
         Ended::Exited(status) => {
             if let Err(e) = released {

@@ -478,7 +478,10 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
 /// Writes the lock-safety figures to `path` whole or not at all (a temporary
 /// file renamed into place, as a textfile collector expects); a failure is
 /// reported, not fatal.
-fn write_safety(path: Option<&std::path::Path>, safety: &palisade_core::safety::LockSafety) {
+pub(crate) fn write_safety(
+    path: Option<&std::path::Path>,
+    safety: &palisade_core::safety::LockSafety,
+) {
     let Some(path) = path else { return };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

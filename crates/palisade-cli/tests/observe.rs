@@ -384,3 +384,39 @@ fn palisade_lock_reports_the_slack_it_left_and_the_overrun_of_a_lease_squeezed_b
         Some(0.0)
     );
 }
+
+#[test]
+fn palisade_redis_lock_reports_the_validity_it_was_granted_with_and_the_slack_it_left() {
+    let redis = palisade_testkit::RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("redis.prom");
+    let out = Command::new(bin())
+        .args([
+            "redis",
+            "lock",
+            "job",
+            "--nodes",
+            &redis.url(),
+            "--ttl",
+            "60s",
+        ])
+        .arg("--metrics-file")
+        .arg(&file)
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        sample(&text, "palisade_redis_validity_at_grant_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(sample(&text, "palisade_redis_validity_at_grant_seconds_sum") > Some(0.0));
+    assert_eq!(
+        sample(&text, "palisade_lock_release_slack_seconds_count"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "palisade_lock_leases_lost_total"), Some(0.0));
+}
