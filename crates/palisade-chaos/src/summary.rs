@@ -127,6 +127,31 @@ impl Summary {
         .to_string()
     }
 
+    /// A row back from [`Summary::json_line`]; `None` for a line that is not one.
+    pub fn from_json_line(line: &str) -> Option<Summary> {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        let count = |key: &str| v[key].as_u64().map(|n| n as usize);
+        Some(Summary {
+            scenario: v["scenario"].as_str()?.to_owned(),
+            variant: v["variant"].as_str().unwrap_or("").to_owned(),
+            backend: v["backend"].as_str()?.to_owned(),
+            fencing: v["fencing"].as_str()? == "on",
+            trials: count("trials")?,
+            overlaps: count("overlaps")?,
+            stale_writes_accepted: count("stale_writes_accepted")?,
+            stale_writes_rejected: count("stale_writes_rejected")?,
+            lost_updates: count("lost_updates")?,
+            non_monotonic_tokens: count("non_monotonic_tokens")?,
+            linearizable: v["linearizable"].as_bool(),
+            acquire_attempts: count("acquire_attempts")?,
+            acquire_ok: count("acquire_ok")?,
+            acquire_p50_us: v["acquire_p50_us"].as_u64(),
+            acquire_p99_us: v["acquire_p99_us"].as_u64(),
+            trials_with_overlap: count("trials_with_overlap")?,
+            trials_with_stale_write: count("trials_with_stale_write")?,
+        })
+    }
+
     /// The table cells of this row, in [`HEADERS`] order.
     fn cells(&self) -> [String; COLUMNS] {
         let name = if self.variant.is_empty() {
@@ -386,6 +411,14 @@ mod tests {
         assert_eq!(ms(Some(5)), "0.01");
         assert_eq!(ms(Some(12_345)), "12.35");
         assert_eq!(ms(Some(2_000_000)), "2000.00");
+    }
+
+    #[test]
+    fn a_json_line_reads_back_as_the_same_row() {
+        let s = Summary::from_histories(&[trial(essays_pause_fenced(), 2)]);
+        assert_eq!(Summary::from_json_line(&s.json_line()), Some(s));
+        assert_eq!(Summary::from_json_line("{\"scenario\": 1}"), None);
+        assert_eq!(Summary::from_json_line("not json"), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod config_file;
 mod dev_cluster;
 mod fence_cmd;
 mod redis_cmd;
+mod review_cmd;
 mod server_cmd;
 
 use std::time::Duration;
@@ -97,6 +98,10 @@ enum Command {
     /// Efficiency locks on Redis: single instance and Redlock (no fencing token).
     #[command(subcommand)]
     Redis(redis_cmd::RedisCommand),
+    /// Write the design-review record of a lock as deployed (Markdown): what
+    /// the lease is measured on, fencing, the resource, the Redis audit, the
+    /// budget, the drills, and a verdict by need. Exit 1 when it falls short.
+    Review(review_cmd::ReviewArgs),
     /// Benchmarks that start their own servers.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -151,6 +156,7 @@ fn main() {
             Command::FenceStore(a) => fence_cmd::serve(a).await,
             Command::Demo(c) => demo::run(c).await,
             Command::Redis(c) => redis_cmd::run(c).await,
+            Command::Review(a) => review_cmd::run(a).await,
             Command::Bench(c) => bench::run(c).await,
             Command::Chaos(a) => chaos::run(a).await,
             Command::ChaosWorker(a) => chaos::worker::run(a).await,

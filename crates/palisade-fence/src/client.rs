@@ -123,11 +123,47 @@ pub async fn request(
     token: Option<u64>,
     body: &str,
 ) -> Result<Reply, StoreClientError> {
+    send(method, store, &format!("/v1/objects/{key}"), token, body).await
+}
+
+/// Whether the store at `store` checks fencing tokens (`GET /v1/health`:
+/// `"fencing": "on"`).
+///
+/// # Errors
+/// When no answer came, or the answer is not the store's health.
+pub async fn fencing_on(store: &StoreAddr) -> Result<bool, StoreClientError> {
+    let reply = send("GET", store, "/v1/health", None, "").await?;
+    let health: serde_json::Value = serde_json::from_str(&reply.body)
+        .ok()
+        .filter(|_| reply.status == 200)
+        .ok_or_else(|| {
+            StoreClientError::BadRequest(format!(
+                "not a fence store's health answer: HTTP {} {}",
+                reply.status, reply.body
+            ))
+        })?;
+    match health["fencing"].as_str() {
+        Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        _ => Err(StoreClientError::BadRequest(format!(
+            "no fencing state in {}",
+            reply.body
+        ))),
+    }
+}
+
+async fn send(
+    method: &str,
+    store: &StoreAddr,
+    path: &str,
+    token: Option<u64>,
+    body: &str,
+) -> Result<Reply, StoreClientError> {
     let addr = &store.addr;
     let scheme = if store.tls.is_some() { "https" } else { "http" };
     let mut req = hyper::Request::builder()
         .method(method)
-        .uri(format!("{scheme}://{addr}/v1/objects/{key}"))
+        .uri(format!("{scheme}://{addr}{path}"))
         .header(hyper::header::HOST, addr.as_str());
     if let Some(t) = token {
         req = req.header(FENCING_TOKEN_HEADER, t.to_string());

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod chaos;
 pub mod demo;
 pub mod exit;
+pub mod review;
 
 use std::time::Duration;
 

@@ -369,6 +369,9 @@ fn write_out(
         }
     }
     std::fs::write(dir.join("report.md"), md)?;
+    // The rows again, for machines (`palisade review --drills DIR` reads them).
+    let lines: String = rows.iter().map(|r| r.json_line() + "\n").collect();
+    std::fs::write(dir.join("summary.jsonl"), lines)?;
     Ok(())
 }
 

@@ -1,0 +1,517 @@
+//! `palisade review`: the design-review record of a lock as a team deploys it —
+//! the facts the second source document asks every team to write down before
+//! relying on a lock (what the lease is measured on, whether grants carry a
+//! fencing token and whether the resource checks it, the independence of the
+//! nodes, the longest pause tolerated, the drills' results), gathered from the
+//! running systems where they can be asked, and a verdict by the need.
+//!
+//! A fact that could not be had (an unreachable backend or resource, a missing
+//! drill report) is written down as such; the record is written all the same.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use palisade_chaos::Summary;
+
+/// What the lock is for: the consequence of a double holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// A double holder costs duplicated work.
+    Efficiency,
+    /// A double holder corrupts state.
+    Correctness,
+}
+
+/// What to review.
+#[derive(Debug, Clone)]
+pub struct ReviewInput {
+    /// The lock's name, as the team uses it.
+    pub lock: String,
+    /// The backend by URL: `palisade://…`, `etcd://…`, `zk://…`,
+    /// `postgres://…`, or `redis://HOST:PORT[,redis://…]` (several: Redlock).
+    pub backend: String,
+    /// The resource the lock protects: a fence store's `http(s)://HOST:PORT`,
+    /// or `none` for one that checks no token; `None`: not stated.
+    pub resource: Option<String>,
+    /// The lease length the team uses.
+    pub ttl: Duration,
+    /// How long the work under the lock takes.
+    pub work: Option<Duration>,
+    /// A `palisade chaos --out` directory (or its `summary.jsonl`).
+    pub drills: Option<PathBuf>,
+    /// The need.
+    pub need: Need,
+}
+
+/// The record and its verdict.
+#[derive(Debug, Clone)]
+pub struct Review {
+    /// The Markdown record.
+    pub markdown: String,
+    /// Why the set-up does not meet the need; empty when it does.
+    pub failures: Vec<String>,
+    /// Facts that could not be had.
+    pub unknown: Vec<String>,
+}
+
+struct BackendFacts {
+    name: &'static str,
+    /// The chaos drills' name for it.
+    drill_name: &'static str,
+    lease_on: &'static str,
+    token: Option<&'static str>,
+    clocks: &'static str,
+}
+
+fn facts(scheme: &str, nodes: usize) -> Option<BackendFacts> {
+    Some(match scheme {
+        "palisade" => BackendFacts {
+            name: "Palisade (Raft-replicated lock server)",
+            drill_name: "palisade",
+            lease_on: "the leader's monotonic clock; a new leader restarts every countdown at full length; the client relies on the send time of its last acknowledged keep-alive + TTL − margin",
+            token: Some(
+                "the Raft log index of the granting entry: strictly increasing per lock, never reused across crashes",
+            ),
+            clocks: "no: expiry is a log entry decided on the leader's monotonic clock; a wrong clock cannot make two grants share a token",
+        },
+        "etcd" => BackendFacts {
+            name: "etcd (lease + mutex recipe)",
+            drill_name: "etcd",
+            lease_on: "the etcd leader's lease countdown (monotonic)",
+            token: Some("the lock key's create_revision"),
+            clocks: "no for tokens; a lease may outlive a paused holder",
+        },
+        "zk" => BackendFacts {
+            name: "ZooKeeper (ephemeral-sequential recipe)",
+            drill_name: "zookeeper",
+            lease_on: "the ZooKeeper session timeout, on the server",
+            token: Some("the lock node's czxid"),
+            clocks: "no for tokens; a session may outlive a paused holder",
+        },
+        "postgres" | "postgresql" => BackendFacts {
+            name: "PostgreSQL (a row per hold)",
+            drill_name: "postgres",
+            lease_on: "the database's clock_timestamp() (its wall clock): a clock jump on the database host can end leases early or late",
+            token: Some("a sequence advanced in the granting transaction"),
+            clocks: "yes for leases (the database's wall clock); no for tokens",
+        },
+        "redis" => BackendFacts {
+            name: if nodes > 1 {
+                "Redlock (independent Redis masters)"
+            } else {
+                "Redis (single instance)"
+            },
+            drill_name: if nodes > 1 { "redlock" } else { "redis" },
+            lease_on: "each Redis server's wall clock (the key's PX expiry); the client's validity on its monotonic clock, minus a drift allowance",
+            token: None,
+            clocks: "yes: bounded clock drift, pauses and network delays are assumed",
+        },
+        _ => return None,
+    })
+}
+
+/// Builds the record, asking the backend, the resource and the drill report.
+pub async fn review(input: &ReviewInput) -> Review {
+    let mut failures = Vec::new();
+    let mut unknown = Vec::new();
+    let mut md = String::new();
+    let (scheme, rest) = input
+        .backend
+        .split_once("://")
+        .unwrap_or((input.backend.as_str(), ""));
+    let redis_nodes: Vec<String> = if scheme == "redis" {
+        input
+            .backend
+            .split(',')
+            .map(|u| {
+                if u.contains("://") {
+                    u.to_owned()
+                } else {
+                    format!("redis://{u}")
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let need = match input.need {
+        Need::Efficiency => "efficiency (a double holder costs duplicated work)",
+        Need::Correctness => "correctness (a double holder corrupts state)",
+    };
+    md.push_str(&format!(
+        "# Design review: lock `{}`\n\nNeed: **{need}**. Backend: `{}`.\n\n",
+        input.lock,
+        redact(&input.backend)
+    ));
+    let Some(f) = facts(scheme, redis_nodes.len()) else {
+        failures.push(format!("unknown backend scheme {scheme:?}"));
+        md.push_str(&verdict(&failures, &unknown));
+        return Review {
+            markdown: md,
+            failures,
+            unknown,
+        };
+    };
+
+    // The lock.
+    md.push_str("## The lock\n\n| fact | value |\n|---|---|\n");
+    md.push_str(&format!("| backend | {} |\n", f.name));
+    md.push_str(&format!("| lease measured on | {} |\n", f.lease_on));
+    md.push_str(&format!(
+        "| fencing token | {} |\n",
+        f.token
+            .unwrap_or("**none**: the resource cannot tell a stale holder's write")
+    ));
+    md.push_str(&format!("| safety depends on clocks | {} |\n", f.clocks));
+    let margin = palisade_core::guarantee::Guarantee::margin_for(input.ttl);
+    md.push_str(&format!("| TTL | {} |\n", secs(input.ttl)));
+    if f.token.is_some() {
+        // Keep-alives every quarter TTL: the worst pause starts just before one.
+        let pause = (input.ttl * 3 / 4).saturating_sub(margin);
+        md.push_str(&format!(
+            "| guarantee per keep-alive | {} (TTL − margin {}), renewed every {} |\n",
+            secs(input.ttl - margin),
+            secs(margin),
+            secs(input.ttl / 4)
+        ));
+        md.push_str(&format!(
+            "| longest pause the lease survives | {} (a longer one loses the lease; the token still stops the stale write at a fenced resource) |\n",
+            secs(pause)
+        ));
+        if let Some(work) = input.work {
+            md.push_str(&format!(
+                "| stated work | {}: fits (the lease is renewed while it runs) |\n",
+                secs(work)
+            ));
+        }
+    }
+    md.push('\n');
+
+    // Deployment: asked of the running systems.
+    md.push_str("## Deployment\n\n");
+    match scheme {
+        "redis" => {
+            redis_facts(&redis_nodes, input, &mut md, &mut failures, &mut unknown).await;
+        }
+        "palisade" => palisade_facts(rest, &mut md, &mut unknown).await,
+        _ => md.push_str(&format!(
+            "Not asked: Palisade reads the deployment of {} from its own tools.\n\n",
+            f.name
+        )),
+    }
+
+    // The resource.
+    md.push_str("## The resource\n\n");
+    let fenced = resource_facts(input.resource.as_deref(), &mut md, &mut unknown).await;
+
+    // The drills.
+    md.push_str("## Fault drills\n\n");
+    drill_facts(
+        input.drills.as_deref(),
+        f.drill_name,
+        &mut md,
+        &mut failures,
+        &mut unknown,
+    );
+
+    // The verdict.
+    match input.need {
+        Need::Correctness => {
+            if f.token.is_none() {
+                failures.push(format!(
+                    "{} issues no fencing token: a holder that pauses past its lease, or a \
+                     delayed write, corrupts the resource — use a correctness lock (palisade, \
+                     etcd, zk, postgres) and a resource that checks its token",
+                    f.name
+                ));
+            }
+            match fenced {
+                Some(true) => {}
+                Some(false) => failures.push(
+                    "the resource does not check fencing tokens: a stale holder's write is accepted".into(),
+                ),
+                None => failures.push(
+                    "the resource's fencing could not be confirmed (name a fence store with --resource)".into(),
+                ),
+            }
+        }
+        Need::Efficiency => {}
+    }
+    md.push_str("## Invariants and fault model\n\n");
+    md.push_str(
+        "- At most one holder *believes* it holds the lock only while pauses, network delays and clock drift stay within the lease; beyond that, only a fencing token checked by the resource keeps writes ordered.\n\
+         - Fault model of the drills: process pauses (SIGSTOP), `kill -9`, partitions and delays through a fault proxy, clock jumps, a replica promoted in a master's place.\n\
+         - Fencing tokens only grow per lock; the resource must refuse any token lower than the highest it has accepted.\n\n",
+    );
+    md.push_str(&verdict(&failures, &unknown));
+    Review {
+        markdown: md,
+        failures,
+        unknown,
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+/// A URL without its password (`user:secret@` → `user:***@`).
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
+fn verdict(failures: &[String], unknown: &[String]) -> String {
+    let mut md = String::from("## Verdict\n\n");
+    if failures.is_empty() {
+        md.push_str("**Meets the need.**\n");
+    } else {
+        md.push_str("**Does not meet the need:**\n\n");
+        for f in failures {
+            md.push_str(&format!("- {f}\n"));
+        }
+    }
+    if !unknown.is_empty() {
+        md.push_str("\nFacts that could not be had:\n\n");
+        for u in unknown {
+            md.push_str(&format!("- {u}\n"));
+        }
+    }
+    md
+}
+
+async fn redis_facts(
+    nodes: &[String],
+    input: &ReviewInput,
+    md: &mut String,
+    failures: &mut Vec<String>,
+    unknown: &mut Vec<String>,
+) {
+    match palisade_redis::audit::audit(nodes, Some(input.ttl), Duration::from_secs(2)).await {
+        Err(e) => unknown.push(format!("the Redis deployment audit: {e}")),
+        Ok(report) => {
+            md.push_str("`palisade redis audit`:\n\n| node | reachable | role | replicas | appendfsync |\n|---|---|---|---|---|\n");
+            for n in &report.nodes {
+                md.push_str(&format!(
+                    "| {} | {} | {} | {} | {} |\n",
+                    n.url,
+                    n.reachable,
+                    n.role.as_deref().unwrap_or("–"),
+                    n.replicas.len(),
+                    n.appendfsync.as_deref().unwrap_or("–")
+                ));
+                if !n.reachable {
+                    unknown.push(format!(
+                        "{}: {}",
+                        n.url,
+                        n.error.as_deref().unwrap_or("unreachable")
+                    ));
+                }
+            }
+            md.push('\n');
+            for finding in &report.findings {
+                md.push_str(&format!("- {:?}: {}\n", finding.severity, finding.message));
+                if finding.severity == palisade_redis::audit::Severity::Violation {
+                    failures.push(format!("Redis audit: {}", finding.message));
+                }
+            }
+            md.push('\n');
+        }
+    }
+    // The validity budget: one real acquire shows what acquiring costs here.
+    let manager =
+        match palisade_redis::Redlock::new(nodes, palisade_redis::RedlockConfig::default()) {
+            Ok(m) => m,
+            Err(e) => {
+                unknown.push(format!("the validity budget: {e}"));
+                return;
+            }
+        };
+    let options = palisade_redis::AcquireOptions::new(input.ttl);
+    let started = std::time::Instant::now();
+    match manager.acquire("palisade-review-probe", &options).await {
+        Err(e) => unknown.push(format!("the validity budget (a probe acquire): {e}")),
+        Ok(guard) => {
+            let acquire = started.elapsed();
+            let validity = guard.remaining();
+            let _ = guard.release().await;
+            md.push_str(&format!(
+                "Validity budget: TTL {} − acquire {} (measured) − drift {} ≈ {} usable per grant.\n",
+                secs(input.ttl),
+                secs(acquire),
+                secs(palisade_redis::budget::default_drift(input.ttl)),
+                secs(validity)
+            ));
+            if let Some(work) = input.work {
+                if work > validity {
+                    failures.push(format!(
+                        "the stated work ({}) does not fit the validity of a grant ({})",
+                        secs(work),
+                        secs(validity)
+                    ));
+                } else {
+                    md.push_str(&format!("The stated work ({}) fits.\n", secs(work)));
+                }
+            }
+            md.push('\n');
+        }
+    }
+}
+
+async fn palisade_facts(rest: &str, md: &mut String, unknown: &mut Vec<String>) {
+    let endpoints: Vec<String> = rest
+        .trim_end_matches('/')
+        .split(',')
+        .filter(|e| !e.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut config = palisade_client::ClientConfig::new(endpoints);
+    config.retry_for = Duration::from_secs(3);
+    let status = match palisade_client::Admin::new(&config) {
+        Ok(admin) => admin.status().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match status {
+        Ok(s) => md.push_str(&format!(
+            "Cluster: {} voting member(s), leader {}, term {}, commit index {}. A majority must stay up and connected for grants; tokens never repeat across crashes of any or all nodes.\n\n",
+            s.members.len(),
+            s.leader.map_or("none".into(), |l| format!("node {l}")),
+            s.term,
+            s.commit_index
+        )),
+        Err(e) => unknown.push(format!("the cluster's status: {e}")),
+    }
+}
+
+/// Whether the resource checks tokens: `Some(true)` for a fence store with
+/// fencing on, `Some(false)` for `none` or fencing off, `None` when unknown.
+async fn resource_facts(
+    resource: Option<&str>,
+    md: &mut String,
+    unknown: &mut Vec<String>,
+) -> Option<bool> {
+    match resource {
+        None => {
+            md.push_str("Not stated (`--resource`).\n\n");
+            unknown.push("whether the resource checks fencing tokens (no --resource)".into());
+            None
+        }
+        Some("none") => {
+            md.push_str("Stated: the resource checks **no** fencing token.\n\n");
+            Some(false)
+        }
+        Some(url) => {
+            let addr = url
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_owned();
+            if url.starts_with("https://") {
+                md.push_str(&format!(
+                    "Fence store at `{url}`: HTTPS is not asked by `review` yet.\n\n"
+                ));
+                unknown.push(format!("the resource at {url}: give its http:// address"));
+                return None;
+            }
+            match palisade_fence::client::fencing_on(&palisade_fence::client::StoreAddr::plain(
+                addr,
+            ))
+            .await
+            {
+                Ok(fencing) => {
+                    md.push_str(&format!(
+                        "Fence store at `{url}`: fencing **{}** (asked at `/v1/health`).\n\n",
+                        if fencing { "on" } else { "off" }
+                    ));
+                    Some(fencing)
+                }
+                Err(e) => {
+                    md.push_str(&format!("Fence store at `{url}`: could not be asked.\n\n"));
+                    unknown.push(format!("the resource at {url}: {e}"));
+                    None
+                }
+            }
+        }
+    }
+}
+
+fn drill_facts(
+    drills: Option<&Path>,
+    backend: &str,
+    md: &mut String,
+    failures: &mut Vec<String>,
+    unknown: &mut Vec<String>,
+) {
+    let Some(path) = drills else {
+        md.push_str("No drill report given (`--drills DIR`, from `palisade chaos --out DIR`).\n\n");
+        unknown.push("the drills' results (no --drills)".into());
+        return;
+    };
+    let file = if path.is_dir() {
+        path.join("summary.jsonl")
+    } else {
+        path.to_owned()
+    };
+    let rows: Vec<Summary> = match std::fs::read_to_string(&file) {
+        Err(e) => {
+            md.push_str(&format!(
+                "Drill report `{}`: could not be read.\n\n",
+                file.display()
+            ));
+            unknown.push(format!("the drills' results: {}: {e}", file.display()));
+            return;
+        }
+        Ok(text) => text
+            .lines()
+            .filter_map(Summary::from_json_line)
+            .filter(|s| s.backend == backend)
+            .collect(),
+    };
+    if rows.is_empty() {
+        md.push_str(&format!(
+            "Drill report `{}` has no rows for `{backend}`.\n\n",
+            file.display()
+        ));
+        unknown.push(format!(
+            "the drills' results for {backend} (none in the report)"
+        ));
+        return;
+    }
+    md.push_str(&format!("From `{}`:\n\n", file.display()));
+    md.push_str(&Summary::markdown_table(&rows));
+    md.push_str("\n\n");
+    for r in rows.iter().filter(|r| r.fencing) {
+        if r.stale_writes_accepted > 0 || r.lost_updates > 0 || r.non_monotonic_tokens > 0 {
+            failures.push(format!(
+                "drill {}{}: {} stale writes accepted, {} lost updates, {} non-monotonic tokens with fencing on",
+                r.scenario,
+                if r.variant.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", r.variant)
+                },
+                r.stale_writes_accepted,
+                r.lost_updates,
+                r.non_monotonic_tokens
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_not_written_into_the_record() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/locks"),
+            "postgres://app:***@db:5432/locks"
+        );
+        assert_eq!(redact("palisade://a:1,b:2"), "palisade://a:1,b:2");
+    }
+}
