@@ -38,12 +38,27 @@ pub async fn run_holding(
     grace: Duration,
 ) -> Result<Ended> {
     let (program, args) = argv.split_first().context("no command given after --")?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .envs(env.iter().cloned())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    // Off a terminal (cron, systemd, scripts) the command gets a process group
+    // of its own, and stopping it signals the whole group: a shell's children
+    // must not go on writing after the lock is lost. At a terminal it stays in
+    // ours, so that it may still read the terminal (a background group may
+    // not), and Ctrl-C reaches all of it anyway.
+    let own_group = !std::io::IsTerminal::is_terminal(&std::io::stdin());
+    if own_group {
+        command.process_group(0);
+    }
+    let mut child = command
         .spawn()
         .with_context(|| format!("cannot run {program:?}"))?;
+    let target = Target {
+        pid: child.id(),
+        group: own_group,
+    };
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     tokio::pin!(lost);
@@ -51,31 +66,47 @@ pub async fn run_holding(
         tokio::select! {
             status = child.wait() => return Ok(Ended::Exited(status?)),
             reason = &mut lost => {
-                let status = stop(&mut child, grace).await?;
+                let status = stop(&mut child, target, grace).await?;
                 return Ok(Ended::Lost { reason, status });
             }
-            _ = interrupt.recv() => forward(&child, Signal::SIGINT),
-            _ = terminate.recv() => forward(&child, Signal::SIGTERM),
+            _ = interrupt.recv() => target.signal(Signal::SIGINT),
+            _ = terminate.recv() => target.signal(Signal::SIGTERM),
         }
     }
 }
 
-fn forward(child: &Child, sig: Signal) {
-    if let Some(pid) = child.id() {
-        let _ = kill(Pid::from_raw(pid as i32), sig);
+/// Whom a signal for the command goes to.
+#[derive(Clone, Copy)]
+struct Target {
+    pid: Option<u32>,
+    /// The command leads a process group of its own: signal the group.
+    group: bool,
+}
+
+impl Target {
+    fn signal(self, sig: Signal) {
+        if let Some(pid) = self.pid {
+            let pid = pid as i32;
+            let _ = kill(Pid::from_raw(if self.group { -pid } else { pid }), sig);
+        }
     }
 }
 
-/// SIGTERM, then SIGKILL if it has not exited after `grace`.
-async fn stop(child: &mut Child, grace: Duration) -> Result<ExitStatus> {
-    forward(child, Signal::SIGTERM);
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => Ok(status?),
+/// SIGTERM, then SIGKILL if it has not exited after `grace`; with a group of
+/// its own, the whole group gets both (what the command left behind too).
+async fn stop(child: &mut Child, target: Target, grace: Duration) -> Result<ExitStatus> {
+    target.signal(Signal::SIGTERM);
+    let status = match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status?,
         Err(_) => {
             child.start_kill()?;
-            Ok(child.wait().await?)
+            child.wait().await?
         }
+    };
+    if target.group {
+        target.signal(Signal::SIGKILL);
     }
+    Ok(status)
 }
 
 /// The shell convention for a status: the exit code, or 128 + the signal number.

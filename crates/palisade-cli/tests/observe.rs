@@ -354,12 +354,16 @@ fn palisade_lock_reports_the_slack_it_left_and_the_overrun_of_a_lease_squeezed_b
     // runs out while the command still runs, and it is stopped past its guarantee.
     let pid = node.pid().unwrap();
     let _resume = Resume(pid);
+    // The shell leaves a child of its own: stopping the command must stop it too.
+    let grandchild = dir.path().join("grandchild.pid");
     let squeezed = run(
         "squeezed",
         "1s",
         "squeezed.prom",
-        // `exec`: the shell becomes the sleep, so stopping the command stops it.
-        &format!("kill -STOP {pid}; exec sleep 600"),
+        &format!(
+            "kill -STOP {pid}; sleep 600 >/dev/null 2>&1 & echo $! > {}; wait",
+            grandchild.display()
+        ),
     );
     let said = String::from_utf8_lossy(&squeezed.stderr);
     assert!(!squeezed.status.success(), "{said}");
@@ -383,6 +387,14 @@ fn palisade_lock_reports_the_slack_it_left_and_the_overrun_of_a_lease_squeezed_b
         sample(&text, "palisade_lock_release_slack_seconds_count"),
         Some(0.0)
     );
+    let orphan = std::fs::read_to_string(&grandchild).unwrap();
+    let stat = format!("/proc/{}/stat", orphan.trim());
+    eventually("the command's own child is stopped too", || {
+        // Gone, or a zombie waiting to be reaped: not running either way.
+        std::fs::read_to_string(&stat)
+            .map_or(true, |s| s.contains(") Z "))
+            .then_some(())
+    });
 }
 
 #[test]
