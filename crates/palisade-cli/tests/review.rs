@@ -208,4 +208,29 @@ fn a_correctness_need_on_palisade_with_a_fenced_store_and_a_passing_drill_passes
         said.contains(&format!("could not get the resource at {nowhere}")),
         "{said}"
     );
+
+    // A backend that does not answer: its status is named as missing, and the
+    // verdict rests on what was had (the design: token, fenced store, drills).
+    let silent = format!(
+        "palisade://127.0.0.1:{}",
+        palisade_testkit::free_port().unwrap()
+    );
+    let (code, record, said) = review(&[
+        "nightly-export",
+        "--backend",
+        &silent,
+        "--need",
+        "correctness",
+        "--resource",
+        &resource,
+        "--drills",
+        drills_dir,
+    ]);
+    assert!(record.contains("## Fault drills"), "{record}");
+    assert!(record.contains("Facts that could not be had"), "{record}");
+    assert!(
+        said.contains("could not get the cluster's status"),
+        "{said}"
+    );
+    assert_eq!(code, Some(0), "{record}{said}");
 }

@@ -911,3 +911,24 @@ async fn membership_grows_and_shrinks_while_locks_keep_working() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_records_the_guarantee_left_at_each_release_and_drop() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let c = client(&[&node]).await;
+    let g = c.acquire("slack", &now_or_never()).await.unwrap();
+    g.release().await.unwrap();
+    let g = c.acquire("slack", &now_or_never()).await.unwrap();
+    drop(g);
+    let safety = c.lock_safety();
+    let (count, sum) = safety.slack();
+    assert_eq!(count, 2, "{}", safety.render());
+    assert!(sum > 0.0, "{}", safety.render());
+    assert_eq!(safety.leases_lost(), 0);
+    assert_eq!(safety.overrun().0, 0);
+    assert!(
+        safety
+            .render()
+            .contains("palisade_lock_release_slack_seconds_count 2")
+    );
+}

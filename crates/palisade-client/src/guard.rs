@@ -22,6 +22,9 @@ pub struct FencedGuard {
     name: String,
     token: FencingToken,
     released: bool,
+    /// The end of the work was recorded in the lock-safety figures (or must
+    /// not be: a grant given back unused).
+    noted: bool,
 }
 
 impl FencedGuard {
@@ -31,6 +34,7 @@ impl FencedGuard {
             name,
             token,
             released: false,
+            noted: false,
         }
     }
 
@@ -89,6 +93,22 @@ impl FencedGuard {
         }
     }
 
+    /// The work under the lock ends now (a release, or the guard dropped): how
+    /// much guarantee was left, or how long it ran past it.
+    fn note_work_ended(&mut self) {
+        if !std::mem::replace(&mut self.noted, true) {
+            self.client
+                .lock_safety()
+                .work_ended(self.guaranteed_until(), Instant::now());
+        }
+    }
+
+    /// Gives back a grant that came too late to be used (no work was done
+    /// under it: nothing to record).
+    pub(crate) fn give_back(mut self) {
+        self.noted = true;
+    }
+
     /// Releases the lock; the next waiter (if any) is granted it at once.
     ///
     /// # Errors
@@ -96,10 +116,7 @@ impl FencedGuard {
     /// no longer ours (nothing changed then), [`ClientError::Unavailable`].
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.released = true;
-        // The work under the lock ends here: how much guarantee was left?
-        self.client
-            .lock_safety()
-            .work_ended(self.guaranteed_until(), Instant::now());
+        self.note_work_ended();
         release(&self.client, &self.name, self.token).await
     }
 }
@@ -143,6 +160,7 @@ impl Drop for FencedGuard {
         if self.released {
             return;
         }
+        self.note_work_ended();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (client, name, token) = (
                 self.client.clone(),

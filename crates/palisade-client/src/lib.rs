@@ -323,7 +323,7 @@ impl Client {
                 // already. Dropping the guard releases it (best effort).
                 if self.session.check_alive().is_err() {
                     self.safety.grant_too_late();
-                    drop(guard);
+                    guard.give_back();
                     return Err(ClientError::GrantTooLate);
                 }
                 Ok(guard)
