@@ -6,7 +6,8 @@
 //! next node). Their log lines are shown prefixed with the node id, so a person
 //! sees every election and leader change as it happens. Ctrl-C (or SIGTERM)
 //! stops every node; a node that dies on its own stops the others too, so the
-//! cluster never runs half-alive unnoticed.
+//! cluster never runs half-alive unnoticed. `--metrics-port` gives each node
+//! its metrics and status page.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -33,6 +34,10 @@ pub struct DevClusterArgs {
     /// start. Default: a temporary directory, deleted when the cluster stops.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Serve each node's metrics and status page: node i on PORT + i − 1
+    /// (`http://127.0.0.1:PORT/` is node 1's status page).
+    #[arg(long)]
+    metrics_port: Option<u16>,
 }
 
 /// Runs the cluster until Ctrl-C or until a node ends.
@@ -42,6 +47,11 @@ pub async fn run(a: DevClusterArgs) -> Result<i32> {
         bail!("--port {} leaves no room for {} nodes", a.port, a.nodes);
     }
     let ports: Vec<u16> = (0..a.nodes).map(|i| a.port + 2 * i as u16).collect();
+    if let Some(m) = a.metrics_port
+        && u32::from(m) + u32::try_from(a.nodes)? - 1 > u32::from(u16::MAX)
+    {
+        bail!("--metrics-port {m} leaves no room for {} nodes", a.nodes);
+    }
     let temporary = match &a.data_dir {
         Some(_) => None,
         None => Some(tempfile::Builder::new().prefix("palisade-dev-").tempdir()?),
@@ -73,6 +83,10 @@ pub async fn run(a: DevClusterArgs) -> Result<i32> {
             .kill_on_drop(true);
         if a.nodes > 1 {
             cmd.args(["--initial-cluster", &members.join(",")]);
+        }
+        if let Some(m) = a.metrics_port {
+            let port = m + (id - 1) as u16;
+            cmd.args(["--metrics-listen", &format!("127.0.0.1:{port}")]);
         }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
@@ -106,6 +120,9 @@ pub async fn run(a: DevClusterArgs) -> Result<i32> {
         "  {} lock demo -- sh -c 'echo token $PALISADE_FENCING_TOKEN'",
         invoked_as(&exe)
     );
+    if let Some(m) = a.metrics_port {
+        println!("Status page: http://127.0.0.1:{m}/ (metrics at /metrics)");
+    }
     println!("Ctrl-C stops every node.");
     let code = tokio::select! {
         _ = crate::child::interrupted() => 0,

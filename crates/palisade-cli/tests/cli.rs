@@ -195,12 +195,12 @@ fn serve_refuses_a_used_data_dir_or_port_before_it_says_serving_or_touches_disk(
     assert!(!unused.exists(), "nothing created");
 }
 
-/// A first port with the five after it free too (a dev cluster of three).
-fn six_free_ports() -> u16 {
+/// A first port with the `n - 1` after it free too.
+fn free_ports_in_a_row(n: u16) -> u16 {
     loop {
         let first = palisade_testkit::free_port().unwrap();
         if first < 65000
-            && (first..first + 6).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+            && (first..first + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
         {
             return first;
         }
@@ -210,9 +210,13 @@ fn six_free_ports() -> u16 {
 #[test]
 fn dev_cluster_serves_a_lock_with_only_its_printed_export_line_and_stops_on_ctrl_c() {
     use std::io::BufRead;
-    let port = six_free_ports();
+    // Six ports for three nodes' client and peer listeners, three for their
+    // metrics and status pages.
+    let port = free_ports_in_a_row(9);
+    let metrics = port + 6;
     let mut dev = Command::new(bin())
         .args(["dev-cluster", "--port", &port.to_string()])
+        .args(["--metrics-port", &metrics.to_string()])
         .env_remove("PALISADE_ENDPOINTS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -246,12 +250,19 @@ fn dev_cluster_serves_a_lock_with_only_its_printed_export_line_and_stops_on_ctrl
     );
     let token: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert!(token > 0);
+    // Node 3's status page names all three members.
+    let (status, body) =
+        palisade_testkit::http_get(&format!("127.0.0.1:{}", metrics + 2), "/status.json").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["node"], 3, "{body}");
+    assert_eq!(json["members"].as_array().unwrap().len(), 3, "{body}");
     let pid = nix::unistd::Pid::from_raw(dev.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let status = dev.wait().unwrap();
     assert_eq!(status.code(), Some(0), "Ctrl-C is a clean stop");
     // Every node stopped with it: the ports are free again.
-    for p in port..port + 6 {
+    for p in port..port + 9 {
         assert!(
             std::net::TcpListener::bind(("127.0.0.1", p)).is_ok(),
             "port {p} still in use"
