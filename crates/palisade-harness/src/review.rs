@@ -195,7 +195,8 @@ pub async fn review(input: &ReviewInput) -> Review {
         }
         "palisade" => palisade_facts(rest, &mut md, &mut unknown).await,
         _ => md.push_str(&format!(
-            "Not asked: Palisade reads the deployment of {} from its own tools.\n\n",
+            "Not asked: `palisade review` does not query the deployment of {}; check its \
+             members and their health with its own tools.\n\n",
             f.name
         )),
     }
