@@ -341,22 +341,8 @@ fn put(addr: &str, key: &str, token: u64, body: &str) -> (u16, String) {
 
 #[test]
 fn fence_store_rejects_token_33_after_34() {
-    let dir = tempfile::tempdir().unwrap();
-    let addr = format!("127.0.0.1:{}", palisade_testkit::free_port().unwrap());
-    let mut store = Command::new(bin())
-        .args(["fence-store", "--listen", &addr, "--data-dir"])
-        .arg(dir.path())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "store never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let store = palisade_testkit::FenceStoreProcess::start(bin()).unwrap();
+    let addr = store.addr();
     assert_eq!(put(&addr, "file", 34, "from 34").0, 200);
     let (status, body) = put(&addr, "file", 33, "from 33");
     assert_eq!(status, 409);
@@ -384,8 +370,6 @@ fn fence_store_rejects_token_33_after_34() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
-    let _ = store.kill();
-    let _ = store.wait();
 }
 
 #[test]

@@ -1,11 +1,9 @@
 //! `palisade review` against real systems: a Redlock set, a Palisade node, a
 //! fence store and a real drill report.
 
+use palisade_testkit::{FenceStoreProcess, PalisadeNode, RedisServer};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-use palisade_testkit::{PalisadeNode, RedisServer};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_palisade"))
@@ -23,46 +21,6 @@ fn review(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// A fence store with fencing on, killed on drop.
-struct FenceStore {
-    child: std::process::Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl FenceStore {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let addr = format!("127.0.0.1:{}", palisade_testkit::free_port().unwrap());
-        let child = Command::new(bin())
-            .args(["fence-store", "--listen", &addr, "--data-dir"])
-            .arg(dir.path())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "store never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        FenceStore {
-            child,
-            addr,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for FenceStore {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
@@ -126,7 +84,7 @@ fn a_correctness_need_on_redlock_fails_and_says_why() {
 #[test]
 fn a_correctness_need_on_palisade_with_a_fenced_store_and_a_passing_drill_passes() {
     let node = PalisadeNode::single(bin()).unwrap();
-    let store = FenceStore::start();
+    let store = FenceStoreProcess::start(bin()).unwrap();
     let drills = tempfile::tempdir().unwrap();
     let ran = Command::new(bin())
         .args([
@@ -144,7 +102,7 @@ fn a_correctness_need_on_palisade_with_a_fenced_store_and_a_passing_drill_passes
         .unwrap();
     assert!(ran.status.success(), "{ran:?}");
     let backend = format!("palisade://{}", node.addr());
-    let resource = format!("http://{}", store.addr);
+    let resource = format!("http://{}", store.addr());
     let drills_dir = drills.path().to_str().unwrap();
     let (code, record, said) = review(&[
         "nightly-export",

@@ -7,6 +7,7 @@
 
 pub mod clock;
 mod etcd;
+mod fence_store;
 mod palisade;
 mod postgres;
 mod prometheus;
@@ -15,6 +16,7 @@ mod silent;
 mod zookeeper;
 
 pub use etcd::{EtcdCluster, EtcdMember};
+pub use fence_store::FenceStoreProcess;
 pub use palisade::PalisadeNode;
 pub use postgres::PostgresServer;
 pub use prometheus::PrometheusServer;
