@@ -17,6 +17,8 @@
 //!   roles by lock-name prefix, session ownership, connection limits.
 //! - [`metrics`]: Prometheus counters, histograms and scrape-time gauges;
 //!   [`http`]: the operators' HTTP listener that serves them.
+//! - [`io`]: the disk and blocking work, the operating system's or a
+//!   simulator's.
 //! - [`node`]: wiring it together.
 //!
 //! The fencing token of a grant is the Raft log index of the entry that made it.
@@ -25,6 +27,7 @@
 
 pub mod commit_clock;
 pub mod http;
+pub mod io;
 pub mod leader_check;
 pub mod leases;
 pub mod metrics;

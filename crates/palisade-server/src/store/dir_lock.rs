@@ -7,9 +7,10 @@
 //! lock when the process ends, however it ends; a stale pid left in the file
 //! means nothing.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, Write};
+use std::io;
 use std::path::{Path, PathBuf};
+
+use crate::io::{DiskLock, Io};
 
 /// The lock file's name inside the data directory.
 pub const LOCK_FILE: &str = "serve.lock";
@@ -39,7 +40,7 @@ pub enum DirLockError {
 /// Held while this process uses the data directory; dropping it unlocks.
 #[derive(Debug)]
 pub struct DirLock {
-    _file: File,
+    _lock: Box<dyn DiskLock>,
 }
 
 impl DirLock {
@@ -49,37 +50,31 @@ impl DirLock {
     /// [`DirLockError::InUse`] when another process holds it,
     /// [`DirLockError::Io`] when it cannot be created or opened.
     pub fn acquire(dir: &Path) -> Result<DirLock, DirLockError> {
-        let io = |source| DirLockError::Io {
+        Self::acquire_on(dir, &Io::os())
+    }
+
+    /// [`DirLock::acquire`] on `io`'s disk.
+    ///
+    /// # Errors
+    /// As [`DirLock::acquire`].
+    pub fn acquire_on(dir: &Path, io: &Io) -> Result<DirLock, DirLockError> {
+        let io_err = |source| DirLockError::Io {
             dir: dir.to_owned(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(dir.join(LOCK_FILE))
-            .map_err(io)?;
-        // flock, not `File::try_lock`: the workspace's MSRV predates it.
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
-                return Err(DirLockError::InUse {
-                    dir: dir.to_owned(),
-                    pid: text.trim().parse().ok(),
-                });
-            }
-            Err(e) => return Err(io(e.into())),
+        io.disk.create_dir_all(dir).map_err(io_err)?;
+        let pid = format!("{}\n", std::process::id());
+        match io
+            .disk
+            .lock(&dir.join(LOCK_FILE), pid.as_bytes())
+            .map_err(io_err)?
+        {
+            Ok(lock) => Ok(DirLock { _lock: lock }),
+            Err(text) => Err(DirLockError::InUse {
+                dir: dir.to_owned(),
+                pid: text.trim().parse().ok(),
+            }),
         }
-        // Only the holder writes, so a reader never sees another holder's pid
-        // half-written over ours.
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        writeln!(file, "{}", std::process::id()).map_err(io)?;
-        Ok(DirLock { _file: file })
     }
 }
 

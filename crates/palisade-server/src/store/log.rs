@@ -27,6 +27,7 @@ use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
 use super::wal::{Record, Wal};
+use crate::io::Io;
 use crate::typ::{Entry, LogId, TypeConfig, Vote};
 
 type Result<T> = io::Result<T>;
@@ -84,11 +85,18 @@ impl Mem {
     }
 }
 
+/// Where operations go to the writer: its thread, or (without threads) its task.
+#[derive(Clone)]
+enum Writer {
+    Thread(mpsc::Sender<Op>),
+    Task(tokio::sync::mpsc::UnboundedSender<Op>),
+}
+
 /// The log store handed to openraft. Cheap to clone (readers share it).
 #[derive(Clone)]
 pub struct LogStore {
     mem: Arc<RwLock<Mem>>,
-    writer: mpsc::Sender<Op>,
+    writer: Writer,
     /// Told of every appended batch (see [`crate::commit_clock`]).
     clock: Option<Arc<crate::commit_clock::CommitClock>>,
     /// The write-and-fdatasync time of every batch.
@@ -108,13 +116,23 @@ impl LogStore {
     /// When another process has the log open, when it holds undecodable or
     /// corrupt data (named in the message), or on I/O failure.
     pub fn open(data_dir: &Path) -> io::Result<Self> {
+        Self::open_on(data_dir, &Io::os())
+    }
+
+    /// [`LogStore::open`] on `io`: its disk, and without threads a writer task
+    /// (spawned on the current tokio runtime) instead of the writer thread.
+    ///
+    /// # Errors
+    /// As [`LogStore::open`].
+    pub fn open_on(data_dir: &Path, io: &Io) -> io::Result<Self> {
         let wal_dir = data_dir.join(WAL_DIR);
         let legacy = data_dir.join(LEGACY_REDB);
-        if legacy.exists() && !wal_dir.exists() {
+        // The move from redb is only ever needed on a real disk.
+        if io.threads && legacy.exists() && !wal_dir.exists() {
             migrate_from_redb(&legacy, data_dir)?;
         }
-        let (wal, records) = Wal::open(&wal_dir)?;
-        if legacy.exists() {
+        let (wal, records) = Wal::open_on(&wal_dir, io)?;
+        if io.threads && legacy.exists() {
             // The write-ahead log appears only by the move's final rename, so a
             // redb log beside it is one whose deletion a crash interrupted.
             std::fs::remove_file(&legacy)?;
@@ -123,18 +141,26 @@ impl LogStore {
         for record in records {
             mem.replay(record)?;
         }
-        let (tx, rx) = mpsc::channel();
         let fsync = crate::metrics::latency_histogram(
             "palisade_log_fsync_duration_seconds",
             "Time to write one batch of log records and fdatasync it.",
         );
         let timer = fsync.clone();
-        std::thread::Builder::new()
-            .name("palisade-log-writer".into())
-            .spawn(move || write_loop(wal, rx, timer))?;
+        let writer = if io.threads {
+            let (tx, rx) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("palisade-log-writer".into())
+                .spawn(move || write_loop(wal, rx, timer))?;
+            Writer::Thread(tx)
+        } else {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let delay = io.disk.clone();
+            tokio::spawn(write_task(wal, rx, timer, move || delay.sync_delay()));
+            Writer::Task(tx)
+        };
         Ok(LogStore {
             mem: Arc::new(RwLock::new(mem)),
-            writer: tx,
+            writer,
             clock: None,
             fsync,
         })
@@ -183,9 +209,12 @@ impl LogStore {
     }
 
     fn send(&self, op: Op) -> Result<()> {
-        self.writer
-            .send(op)
-            .map_err(|_| io_err("the log writer thread has stopped"))
+        let sent = match &self.writer {
+            Writer::Thread(tx) => tx.send(op).is_ok(),
+            Writer::Task(tx) => tx.send(op).is_ok(),
+        };
+        sent.then_some(())
+            .ok_or_else(|| io_err("the log writer thread has stopped"))
     }
 }
 
@@ -280,32 +309,11 @@ fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>, fsync: prometheus::Histogram
                 }
             }
         };
-        let quiet = first.is_none();
-        let mut batch = std::mem::take(&mut carried);
-        batch.extend(first);
-        batch.extend(rx.try_iter());
-        let someone_waits = batch.iter().any(|op| !matches!(op, Op::Unawaited(_)));
-        if !someone_waits && !quiet {
-            carried = batch;
+        let Some(batch) = next_batch(&mut carried, first, rx.try_iter()) else {
             continue;
-        }
+        };
         let started = std::time::Instant::now();
-        let mut records = Vec::with_capacity(batch.len());
-        let mut appended = Vec::new();
-        let mut votes = Vec::new();
-        for op in batch {
-            match op {
-                Op::Append(entries, done) => {
-                    records.extend(entries);
-                    appended.push(done);
-                }
-                Op::Unawaited(record) => records.push(record),
-                Op::Vote(record, done) => {
-                    records.push(record);
-                    votes.push(done);
-                }
-            }
-        }
+        let (records, waiting) = split(batch);
         let result = wal.write(&records);
         fsync.observe(started.elapsed().as_secs_f64());
         tracing::debug!(
@@ -313,25 +321,128 @@ fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>, fsync: prometheus::Histogram
             write_us = started.elapsed().as_micros() as u64,
             "log batch on disk"
         );
-        let outcome = || {
-            result
-                .as_ref()
-                .map(|_| ())
-                .map_err(|e| io::Error::new(e.kind(), e.to_string()))
-        };
-        for done in appended {
-            done.io_completed(outcome());
-        }
-        for done in votes {
-            let _ = done.send(outcome());
-        }
-        if let Err(e) = result {
-            // A log that cannot be written must not keep acknowledging: stop, so
-            // that every later append fails instead of being silently lost.
-            tracing::error!(error = %e, "log write failed; the log writer stops");
+        if !answer(waiting, result) {
             return;
         }
     }
+}
+
+/// [`write_loop`] as a task on the node's own runtime, for a simulation (no
+/// thread it cannot schedule): the same batches, with the disk's simulated
+/// time between the write and its sync (a crash then may tear the batch).
+async fn write_task(
+    mut wal: Wal,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Op>,
+    fsync: prometheus::Histogram,
+    sync_delay: impl Fn() -> std::time::Duration,
+) {
+    let mut carried: Vec<Op> = Vec::new();
+    let mut closing = false;
+    while !closing {
+        let first = if carried.is_empty() {
+            match rx.recv().await {
+                Some(op) => Some(op),
+                None => return,
+            }
+        } else {
+            match tokio::time::timeout(CARRY_AT_MOST, rx.recv()).await {
+                Ok(Some(op)) => Some(op),
+                Err(_) => None,
+                Ok(None) => {
+                    closing = true;
+                    None
+                }
+            }
+        };
+        let drained = std::iter::from_fn(|| rx.try_recv().ok());
+        let Some(batch) = next_batch(&mut carried, first, drained) else {
+            continue;
+        };
+        let started = tokio::time::Instant::now();
+        let (records, waiting) = split(batch);
+        let mut result = wal.write_unsynced(&records);
+        if result.is_ok() {
+            tokio::time::sleep(sync_delay()).await;
+            result = wal.sync_written(&records);
+        }
+        fsync.observe(started.elapsed().as_secs_f64());
+        if !answer(waiting, result) {
+            return;
+        }
+    }
+}
+
+/// Forms the next batch from the carried operations, the first new one (none
+/// after a quiet `CARRY_AT_MOST`) and everything queued behind it; `None` (and
+/// all of it carried on) while nobody waits for any of it and it was not quiet.
+fn next_batch(
+    carried: &mut Vec<Op>,
+    first: Option<Op>,
+    queued: impl Iterator<Item = Op>,
+) -> Option<Vec<Op>> {
+    let quiet = first.is_none();
+    let mut batch = std::mem::take(carried);
+    batch.extend(first);
+    batch.extend(queued);
+    let someone_waits = batch.iter().any(|op| !matches!(op, Op::Unawaited(_)));
+    if !someone_waits && !quiet {
+        *carried = batch;
+        return None;
+    }
+    Some(batch)
+}
+
+/// Who waits for a batch to be on disk.
+struct Waiting {
+    appended: Vec<IOFlushed<TypeConfig>>,
+    votes: Vec<tokio::sync::oneshot::Sender<io::Result<()>>>,
+}
+
+/// A batch's records, in order, and who waits for them.
+fn split(batch: Vec<Op>) -> (Vec<Record>, Waiting) {
+    let mut records = Vec::with_capacity(batch.len());
+    let mut waiting = Waiting {
+        appended: Vec::new(),
+        votes: Vec::new(),
+    };
+    for op in batch {
+        match op {
+            Op::Append(entries, done) => {
+                records.extend(entries);
+                waiting.appended.push(done);
+            }
+            Op::Unawaited(record) => records.push(record),
+            Op::Vote(record, done) => {
+                records.push(record);
+                waiting.votes.push(done);
+            }
+        }
+    }
+    (records, waiting)
+}
+
+/// Tells everyone waiting how the batch's write ended; `false` when it failed
+/// and the writer must stop.
+fn answer(waiting: Waiting, result: io::Result<()>) -> bool {
+    let outcome = || {
+        result
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| io::Error::new(e.kind(), e.to_string()))
+    };
+    for done in waiting.appended {
+        done.io_completed(outcome());
+    }
+    for done in waiting.votes {
+        let _ = done.send(outcome());
+    }
+    if let Err(e) = &result {
+        // A log that cannot be written must not keep acknowledging: stop, so
+        // that every later append fails instead of being silently lost.
+        tracing::error!(error = %e, "log write failed; the log writer stops");
+        return false;
+    }
+    true
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::snapshot::{SnapshotFile, StoredSnapshot};
+use crate::io::Io;
 use crate::typ::{
     Commands, Entry, EntryPayload, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership,
     TypeConfig,
@@ -216,6 +217,7 @@ impl Shared {
 pub struct StateMachineStore {
     shared: Arc<Shared>,
     file: Arc<SnapshotFile>,
+    io: Io,
     /// Told of every applied entry (see [`crate::commit_clock`]).
     clock: Option<Arc<crate::commit_clock::CommitClock>>,
     /// What applied entries did, for Prometheus.
@@ -233,7 +235,16 @@ impl StateMachineStore {
     /// # Errors
     /// When the snapshot cannot be read or decoded.
     pub fn open(data_dir: &Path) -> io::Result<Self> {
-        let (file, current) = SnapshotFile::open(data_dir)?;
+        Self::open_on(data_dir, &Io::os())
+    }
+
+    /// [`StateMachineStore::open`] on `io`: its disk, and its way of running
+    /// blocking work (snapshots encoded, decoded and saved).
+    ///
+    /// # Errors
+    /// As [`StateMachineStore::open`].
+    pub fn open_on(data_dir: &Path, io: &Io) -> io::Result<Self> {
+        let (file, current) = SnapshotFile::open_on(data_dir, io)?;
         let mut machine = LockMachine::new();
         let mut last_applied = None;
         let mut membership = StoredMembership::default();
@@ -257,6 +268,7 @@ impl StateMachineStore {
                 recent: Mutex::default(),
             }),
             file: Arc::new(file),
+            io: io.clone(),
             clock: None,
             counters: crate::metrics::ApplyCounters::default(),
         })
@@ -282,9 +294,9 @@ impl StateMachineStore {
     /// Makes `stored` the current snapshot, durably, off the async threads.
     async fn save_snapshot(&self, stored: StoredSnapshot) -> io::Result<StoredSnapshot> {
         let file = self.file.clone();
-        tokio::task::spawn_blocking(move || file.save(&stored).map(|()| stored))
-            .await
-            .map_err(io_err)?
+        self.io
+            .blocking(move || file.save(&stored).map(|()| stored))
+            .await?
     }
 
     /// Applies one entry (under the machine's lock, released before returning:
@@ -497,8 +509,12 @@ const ENCODE_SLICE: Duration = Duration::from_millis(1);
 /// they leave. A fresh thread, because a thread's nice value can be raised but
 /// not lowered back without privilege.
 async fn in_background<T: Send + 'static>(
+    io: &Io,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<T> {
+    if !io.threads {
+        return Ok(work());
+    }
     let (tx, rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("palisade-snapshot".into())
@@ -566,10 +582,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let started = Instant::now();
         let data = snapshot.into_inner();
         // Decoding a million locks takes seconds of CPU: not on an async thread.
-        let (machine, data) =
-            tokio::task::spawn_blocking(move || (LockMachine::from_snapshot_bytes(&data), data))
-                .await
-                .map_err(io_err)?;
+        let (machine, data) = self
+            .io
+            .blocking(move || (LockMachine::from_snapshot_bytes(&data), data))
+            .await?;
         let machine = machine.map_err(io_err)?;
         let bytes = data.len() as u64;
         self.save_snapshot(StoredSnapshot {
@@ -585,7 +601,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             *self.shared.membership.write().expect("poisoned") = meta.last_membership.clone();
             drop(current);
             // Freeing a million locks is not free either.
-            tokio::task::spawn_blocking(move || drop(old));
+            if self.io.threads {
+                tokio::task::spawn_blocking(move || drop(old));
+            }
         }
         {
             let mut stats = self.shared.snapshot_stats.lock().expect("poisoned");
@@ -606,9 +624,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
         let file = self.file.clone();
-        let stored = tokio::task::spawn_blocking(move || file.load())
-            .await
-            .map_err(io_err)??;
+        let stored = self.io.blocking(move || file.load()).await??;
         Ok(stored.map(|s| Snapshot {
             meta: s.meta,
             snapshot: Cursor::new(s.data),
@@ -633,7 +649,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 self.shared.membership.read().expect("poisoned").clone(),
             )
         };
-        let data = in_background(move || {
+        let io = self.io.clone();
+        let data = in_background(&self.io, move || {
             // At most a quarter of a core: in trials on 2 cores, encoding at
             // full speed beside live traffic raised other clients' acquire p99
             // several-fold even at the lowest CPU priority (a sleep of the same
@@ -643,7 +660,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             machine.to_snapshot_bytes_paced(|| {
                 let busy = busy_since.elapsed();
                 if busy >= ENCODE_SLICE {
-                    std::thread::sleep(busy * 3);
+                    io.pace(busy * 3);
                     busy_since = Instant::now();
                 }
             })

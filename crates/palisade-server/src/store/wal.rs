@@ -42,10 +42,11 @@
 //! record stands alone) is still read.
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::io::{DiskFile, DiskLock, Io, OpenMode};
 
 /// The first bytes of every segment; the last byte is the format version.
 const MAGIC: &[u8; 8] = b"PLSDWAL\x02";
@@ -260,19 +261,22 @@ struct Segment {
 /// An open write-ahead log. Not shared: one writer (thread) owns it.
 pub struct Wal {
     dir: PathBuf,
+    io: Io,
     /// Oldest first; the last one is being written.
     segments: VecDeque<Segment>,
-    file: File,
+    file: Arc<dyn DiskFile>,
     offset: u64,
     capacity: u64,
     meta: Meta,
     /// The number of the last batch written (commits count up across segments).
     batch: u64,
     buf: Vec<u8>,
+    /// The highest entry index of the batch written but not yet synced.
+    pending_max_index: Option<u64>,
     /// The next segment, being zero-filled in the background.
-    spare: Option<std::thread::JoinHandle<io::Result<File>>>,
+    spare: Option<std::thread::JoinHandle<io::Result<Arc<dyn DiskFile>>>>,
     /// Held for as long as the log is open: a second process is refused.
-    _lock: File,
+    _lock: Box<dyn DiskLock>,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -283,25 +287,17 @@ fn segment_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("{seq:020}.wal"))
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 /// Creates `path` holding `len` zero bytes, on disk.
-fn zero_filled(path: &Path, len: u64) -> io::Result<File> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)?;
+fn zero_filled(io: &Io, path: &Path, len: u64) -> io::Result<Arc<dyn DiskFile>> {
+    let file = io.disk.open(path, OpenMode::CreateNew)?;
     let zeros = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(zeros.len() as u64) as usize;
-        file.write_all(&zeros[..n])?;
-        left -= n as u64;
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
     }
-    file.sync_all()?;
+    file.sync_data()?;
     Ok(file)
 }
 
@@ -314,16 +310,19 @@ impl Wal {
     /// holds a bad record or a foreign header (corruption, or a format this
     /// version cannot read), or on I/O failure.
     pub fn open(dir: &Path) -> io::Result<(Wal, Vec<Record>)> {
-        std::fs::create_dir_all(dir)?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("LOCK"))?;
-        // flock, not `File::try_lock`: the workspace's MSRV predates it.
-        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
+        Self::open_on(dir, &Io::os())
+    }
+
+    /// [`Wal::open`] on `io`'s disk.
+    ///
+    /// # Errors
+    /// As [`Wal::open`].
+    pub fn open_on(dir: &Path, io: &Io) -> io::Result<(Wal, Vec<Record>)> {
+        let disk = &io.disk;
+        disk.create_dir_all(dir)?;
+        let lock = match disk.lock(&dir.join("LOCK"), b"")? {
+            Ok(lock) => lock,
+            Err(_) => {
                 return Err(io::Error::new(
                     io::ErrorKind::ResourceBusy,
                     format!(
@@ -332,15 +331,12 @@ impl Wal {
                     ),
                 ));
             }
-            Err(e) => return Err(e.into()),
-        }
+        };
         let mut seqs = Vec::new();
-        for item in std::fs::read_dir(dir)? {
-            let name = item?.file_name();
-            let name = name.to_string_lossy();
+        for name in disk.list(dir)? {
             if name.ends_with(".tmp") {
                 // A segment whose header never reached the disk: never used.
-                std::fs::remove_file(dir.join(name.as_ref()))?;
+                disk.remove_file(&dir.join(&name))?;
             } else if let Some(seq) = name.strip_suffix(".wal") {
                 let seq = seq
                     .parse::<u64>()
@@ -358,7 +354,7 @@ impl Wal {
         for (i, &seq) in seqs.iter().enumerate() {
             let last = i + 1 == seqs.len();
             let path = segment_path(dir, seq);
-            let data = std::fs::read(&path)?;
+            let data = disk.read(&path)?;
             let v1 = data.get(..MAGIC.len()) == Some(MAGIC_V1);
             if data.get(..MAGIC.len()) != Some(MAGIC) && !v1 {
                 return Err(invalid(format!(
@@ -420,7 +416,7 @@ impl Wal {
 
         let (file, offset, capacity) = match tail {
             Some((path, end, len, dirty_tail)) => {
-                let file = OpenOptions::new().read(true).write(true).open(&path)?;
+                let file = disk.open(&path, OpenMode::Existing)?;
                 if dirty_tail {
                     // What follows the last good record is a batch that was never
                     // acknowledged; erase it so that it cannot be read as records
@@ -442,8 +438,8 @@ impl Wal {
                 (file, end, len)
             }
             None => {
-                let file = zero_filled(&dir.join(SPARE), FIRST_SEGMENT_BYTES)?;
-                let (offset, capacity) = install_segment(dir, 1, &file, &meta, batch)?;
+                let file = zero_filled(io, &dir.join(SPARE), FIRST_SEGMENT_BYTES)?;
+                let (offset, capacity) = install_segment(io, dir, 1, &*file, &meta, batch)?;
                 segments.push_back(Segment {
                     seq: 1,
                     max_index: None,
@@ -453,6 +449,7 @@ impl Wal {
         };
         let wal = Wal {
             dir: dir.to_path_buf(),
+            io: io.clone(),
             segments,
             file,
             offset,
@@ -460,6 +457,7 @@ impl Wal {
             meta,
             batch,
             buf: Vec::with_capacity(64 << 10),
+            pending_max_index: None,
             spare: None,
             _lock: lock,
         };
@@ -472,6 +470,17 @@ impl Wal {
     /// # Errors
     /// On I/O failure; the caller must then stop using the log.
     pub fn write(&mut self, records: &[Record]) -> io::Result<()> {
+        self.write_unsynced(records)?;
+        self.sync_written(records)
+    }
+
+    /// The first half of [`Wal::write`]: the batch is written but not synced, so
+    /// a crash now may leave any part of it (a simulator waits between halves).
+    /// Must be followed by [`Wal::sync_written`] with the same records.
+    ///
+    /// # Errors
+    /// On I/O failure; the caller must then stop using the log.
+    pub fn write_unsynced(&mut self, records: &[Record]) -> io::Result<()> {
         if records.is_empty() {
             return Ok(());
         }
@@ -488,11 +497,23 @@ impl Wal {
             self.rotate()?;
         }
         self.file.write_all_at(&self.buf, self.offset)?;
+        self.pending_max_index = max_index;
+        Ok(())
+    }
+
+    /// The second half of [`Wal::write`]: `fdatasync`, then the batch counts.
+    ///
+    /// # Errors
+    /// On I/O failure; the caller must then stop using the log.
+    pub fn sync_written(&mut self, records: &[Record]) -> io::Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
         self.file.sync_data()?;
         self.batch += 1;
         self.offset += self.buf.len() as u64;
         let current = self.segments.back_mut().expect("a current segment");
-        current.max_index = current.max_index.max(max_index);
+        current.max_index = current.max_index.max(self.pending_max_index.take());
         for record in records {
             self.meta.note(record);
         }
@@ -506,20 +527,21 @@ impl Wal {
         let seq = self.segments.back().map_or(0, |s| s.seq) + 1;
         let needed = 4096 + self.buf.len() as u64;
         let spare = match self.spare.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(Ok(file))) if file.metadata()?.len() >= needed => Some(file),
+            Some(Ok(Ok(file))) if file.size()? >= needed => Some(file),
             Some(Ok(Err(e))) => return Err(e),
             Some(Err(_)) => return Err(io::Error::other("the segment preparer panicked")),
             Some(Ok(Ok(_))) => {
-                std::fs::remove_file(self.dir.join(SPARE))?;
+                self.io.disk.remove_file(&self.dir.join(SPARE))?;
                 None
             }
             None => None,
         };
         let file = match spare {
             Some(file) => file,
-            None => zero_filled(&self.dir.join(SPARE), SEGMENT_BYTES.max(needed))?,
+            None => zero_filled(&self.io, &self.dir.join(SPARE), SEGMENT_BYTES.max(needed))?,
         };
-        let (offset, capacity) = install_segment(&self.dir, seq, &file, &self.meta, self.batch)?;
+        let (offset, capacity) =
+            install_segment(&self.io, &self.dir, seq, &*file, &self.meta, self.batch)?;
         self.file = file;
         self.offset = offset;
         self.capacity = capacity;
@@ -531,12 +553,13 @@ impl Wal {
     }
 
     /// Once the current segment is half full, zero-fills the next one in the
-    /// background.
+    /// background (without threads, the rotation does it).
     fn prepare_spare(&mut self) {
-        if self.spare.is_none() && self.offset > self.capacity / 2 {
+        if self.io.threads && self.spare.is_none() && self.offset > self.capacity / 2 {
             let path = self.dir.join(SPARE);
+            let io = self.io.clone();
             self.spare = Some(std::thread::spawn(move || {
-                zero_filled(&path, SEGMENT_BYTES)
+                zero_filled(&io, &path, SEGMENT_BYTES)
             }));
         }
     }
@@ -554,7 +577,7 @@ impl Wal {
                 break;
             }
             let path = segment_path(&self.dir, oldest.seq);
-            if let Err(e) = std::fs::remove_file(&path) {
+            if let Err(e) = self.io.disk.remove_file(&path) {
                 tracing::warn!(segment = %path.display(), error = %e, "could not delete a purged log segment");
                 break;
             }
@@ -572,9 +595,10 @@ impl Wal {
 /// (magic and `meta`, committed as batch `batch` again), syncs it and gives it
 /// its name. Returns the write offset and the capacity.
 fn install_segment(
+    io: &Io,
     dir: &Path,
     seq: u64,
-    file: &File,
+    file: &dyn DiskFile,
     meta: &Meta,
     batch: u64,
 ) -> io::Result<(u64, u64)> {
@@ -588,13 +612,15 @@ fn install_segment(
     encode_commit(&mut header, batch);
     file.write_all_at(&header, 0)?;
     file.sync_data()?;
-    std::fs::rename(dir.join(SPARE), segment_path(dir, seq))?;
-    sync_dir(dir)?;
-    Ok((header.len() as u64, file.metadata()?.len()))
+    io.disk.rename(&dir.join(SPARE), &segment_path(dir, seq))?;
+    io.disk.sync_dir(dir)?;
+    Ok((header.len() as u64, file.size()?))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs::OpenOptions;
+
     use super::*;
 
     fn entry(index: u64) -> Record {

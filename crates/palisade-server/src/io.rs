@@ -1,0 +1,227 @@
+//! Where a node's effects on the machine go: its disk and its blocking work.
+//!
+//! In production that is the operating system ([`Io::os`]): files, `fdatasync`,
+//! `flock`, and threads for work that must not hold up the async threads. The
+//! deterministic simulator (`palisade-sim`) runs the same code with a simulated
+//! disk that keeps only what was synced across a crash, and with every piece of
+//! blocking work run in line on its single thread, so that one seed gives one
+//! history. The storage code reaches the disk only through [`Disk`], so both run
+//! the same write-ahead log, snapshot file and directory lock.
+
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How [`Disk::open`] opens a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// An existing file, for reading and writing.
+    Existing,
+    /// A new file; an existing one is an error (`AlreadyExists`).
+    CreateNew,
+    /// Created if missing, emptied if present.
+    Truncate,
+}
+
+/// A file opened on a [`Disk`]: positioned writes, syncs, its length.
+pub trait DiskFile: Send + Sync + Debug {
+    /// Writes all of `buf` at `offset` (not yet durable).
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every write so far durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+    /// The file's length in bytes.
+    fn size(&self) -> io::Result<u64>;
+}
+
+/// A held exclusive lock on a file (released when dropped).
+pub trait DiskLock: Send + Sync + Debug {}
+
+/// The file operations the node's storage needs, and nothing else.
+pub trait Disk: Send + Sync + Debug {
+    /// Creates `dir` and its parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// The names of the entries in `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// The whole content of the file at `path` (`NotFound` if missing).
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Opens the file at `path`.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn DiskFile>>;
+    /// Renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes the file at `path`.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Removes `dir` and everything in it.
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Makes the entries of `dir` (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on the file at `path` (created if missing) and
+    /// writes `content` into it; `Ok(Err(text))` with the file's content when
+    /// someone else holds the lock.
+    fn lock(&self, path: &Path, content: &[u8]) -> io::Result<Result<Box<dyn DiskLock>, String>>;
+    /// How long the next `fdatasync` of the log takes, for a simulated disk
+    /// whose syncs take no real time (used only without threads).
+    fn sync_delay(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// The node's disk and how it runs blocking work. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Io {
+    /// Every file the node reads or writes goes through it.
+    pub disk: Arc<dyn Disk>,
+    /// Threads for blocking work (production), or in line (simulation).
+    pub threads: bool,
+}
+
+impl Io {
+    /// The operating system's file system, and threads.
+    pub fn os() -> Io {
+        Io {
+            disk: Arc::new(OsDisk),
+            threads: true,
+        }
+    }
+
+    /// `disk`, with all work in line on the caller's task: what a
+    /// deterministic simulation needs (no thread it cannot schedule).
+    pub fn simulated(disk: Arc<dyn Disk>) -> Io {
+        Io {
+            disk,
+            threads: false,
+        }
+    }
+
+    /// Runs `work` off the async threads (tokio's blocking pool), or in line.
+    ///
+    /// # Errors
+    /// When the blocking task panicked.
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> io::Result<T> {
+        if self.threads {
+            tokio::task::spawn_blocking(work)
+                .await
+                .map_err(io::Error::other)
+        } else {
+            Ok(work())
+        }
+    }
+
+    /// A pause inside blocking work that yields the disk or the CPU to the
+    /// commit path (a thread sleep); nothing in a simulation, where blocking
+    /// work runs in line and a sleep would stop every node.
+    pub fn pace(&self, pause: Duration) {
+        if self.threads {
+            std::thread::sleep(pause);
+        }
+    }
+}
+
+/// The operating system's file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OsDisk;
+
+impl DiskFile for File {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(self, buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        File::sync_data(self)
+    }
+
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+}
+
+#[derive(Debug)]
+struct OsLock(#[allow(dead_code)] File);
+
+impl DiskLock for OsLock {}
+
+impl Disk for OsDisk {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        std::fs::read_dir(dir)?
+            .map(|item| Ok(item?.file_name().to_string_lossy().into_owned()))
+            .collect()
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn DiskFile>> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        match mode {
+            OpenMode::Existing => {}
+            OpenMode::CreateNew => {
+                options.create_new(true);
+            }
+            OpenMode::Truncate => {
+                options.create(true).truncate(true);
+            }
+        }
+        Ok(Arc::new(options.open(path)?))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::remove_dir_all(dir)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn lock(&self, path: &Path, content: &[u8]) -> io::Result<Result<Box<dyn DiskLock>, String>> {
+        use std::io::{Read, Seek, Write};
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(path)?;
+        // flock, not `File::try_lock`: the workspace's MSRV predates it. The
+        // kernel drops it when the process ends, however it ends.
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                return Ok(Err(text));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        // Only the holder writes, so a reader never sees another holder's
+        // content half-written over ours.
+        file.set_len(0)?;
+        file.rewind()?;
+        file.write_all(content)?;
+        Ok(Ok(Box::new(OsLock(file))))
+    }
+}
