@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use palisade_proto::{ErrorCode, LEADER_KEY};
 use tonic::metadata::AsciiMetadataValue;
@@ -136,7 +136,7 @@ impl Connector {
         F: FnMut(Rpc) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        let started = Instant::now();
+        let started = palisade_core::clock::now();
         let give_up = started + budget;
         let mut backoff = Duration::from_millis(20);
         // Each node's last answer, so that the final error says what every one
@@ -170,7 +170,7 @@ impl Connector {
                 Some(entry) => entry.1 = why,
                 None => tried.push((addr, why)),
             }
-            if Instant::now() + backoff >= give_up {
+            if palisade_core::clock::now() + backoff >= give_up {
                 let each: Vec<String> = tried.iter().map(|(a, w)| format!("{a}: {w}")).collect();
                 return Err(ClientError::Unavailable(format!(
                     "{} (tried for {:.1} s)",

@@ -82,7 +82,7 @@ impl FencedGuard {
         async move {
             loop {
                 let until = *rx.borrow_and_update();
-                if until <= Instant::now() {
+                if until <= palisade_core::clock::now() {
                     return;
                 }
                 tokio::select! {
@@ -99,7 +99,7 @@ impl FencedGuard {
         if !std::mem::replace(&mut self.noted, true) {
             self.client
                 .lock_safety()
-                .work_ended(self.guaranteed_until(), Instant::now());
+                .work_ended(self.guaranteed_until(), palisade_core::clock::now());
         }
     }
 

@@ -31,7 +31,7 @@ mod session;
 mod types;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use error::ClientError;
 pub use guard::{FENCING_TOKEN_HEADER, FencedGuard};
@@ -294,7 +294,7 @@ impl Client {
         palisade_core::limits::validate_name(name)
             .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
         self.session.check_alive()?;
-        let give_up = Instant::now() + options.wait;
+        let give_up = palisade_core::clock::now() + options.wait;
         let request = |wait: Duration| AcquireRequest {
             session_id: self.session.id.get(),
             name: name.to_owned(),
@@ -307,7 +307,7 @@ impl Client {
         let result = self
             .conn
             .call(options.wait + self.conn.retry_for, |ch| {
-                let wait = give_up.saturating_duration_since(Instant::now());
+                let wait = give_up.saturating_duration_since(palisade_core::clock::now());
                 let mut req = tonic::Request::new(request(wait));
                 req.set_timeout(wait + self.conn.rpc_timeout);
                 async move { LocksClient::new(ch).acquire(req).await }

@@ -32,7 +32,7 @@ impl Session {
         conn: Arc<Connector>,
         config: &ClientConfig,
     ) -> Result<Arc<Session>, ClientError> {
-        let sent = Instant::now();
+        let sent = palisade_core::clock::now();
         let label = config.label.clone();
         let reply = conn
             .call(conn.retry_for, |ch| {
@@ -69,7 +69,7 @@ impl Session {
     pub fn remaining(&self) -> Duration {
         self.guaranteed_until
             .borrow()
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(palisade_core::clock::now())
     }
 
     pub fn check_alive(&self) -> Result<(), ClientError> {
@@ -86,7 +86,8 @@ impl Session {
 
     fn mark_dead(&self) {
         self.dead.store(true, Ordering::SeqCst);
-        self.guaranteed_until.send_replace(Instant::now());
+        self.guaranteed_until
+            .send_replace(palisade_core::clock::now());
     }
 
     pub async fn close(&self) -> Result<(), ClientError> {
@@ -145,7 +146,7 @@ async fn keep_alive(session: std::sync::Weak<Session>, margin: Duration) {
         let Some(s) = session.upgrade() else { return };
         let every = s.ttl / 4;
         let attempt_timeout = s.conn.rpc_timeout.min(every);
-        let sent = Instant::now();
+        let sent = palisade_core::clock::now();
         let id = s.id.get();
         let reply = s
             .conn

@@ -59,7 +59,7 @@ impl Guarantee {
 
     /// The lease is known to be gone: the guarantee ends now.
     pub fn end(&self) {
-        self.until.send_replace(Instant::now());
+        self.until.send_replace(crate::clock::now());
     }
 
     /// Until when, on this process's monotonic clock.
@@ -69,7 +69,7 @@ impl Guarantee {
 
     /// How long yet (zero once over).
     pub fn remaining(&self) -> Duration {
-        self.until().saturating_duration_since(Instant::now())
+        self.until().saturating_duration_since(crate::clock::now())
     }
 
     /// Held; jeopardy when less than half the TTL is left; lost at zero.
@@ -83,7 +83,7 @@ impl Guarantee {
         Box::pin(async move {
             loop {
                 let until = *rx.borrow_and_update();
-                if until <= Instant::now() {
+                if until <= crate::clock::now() {
                     return;
                 }
                 tokio::select! {
@@ -101,7 +101,7 @@ mod tests {
 
     #[tokio::test]
     async fn renewals_only_move_forward_and_end_ends_it() {
-        let start = Instant::now();
+        let start = crate::clock::now();
         let g = Guarantee::new(start, Duration::from_secs(10));
         let first = g.until();
         assert_eq!(first, start + Duration::from_secs(9));

@@ -8,6 +8,8 @@
 //! - [`limits`]: the documented bounds on names and TTLs, and their validation.
 //! - [`duration`]: the human duration syntax the CLI accepts (`10s`, `0.2s`, `150ms`).
 
+#[cfg(feature = "runtime")]
+pub mod clock;
 pub mod duration;
 #[cfg(feature = "runtime")]
 pub mod guarantee;

@@ -145,7 +145,7 @@ mod tests {
     #[test]
     fn work_ending_in_time_is_slack_and_after_is_an_overrun_and_a_loss() {
         let safety = LockSafety::new();
-        let now = Instant::now();
+        let now = crate::clock::now();
         safety.work_ended(now + Duration::from_millis(1500), now);
         assert_eq!(safety.slack(), (1, 1.5));
         assert_eq!(safety.overrun().0, 0);

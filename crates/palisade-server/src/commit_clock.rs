@@ -46,7 +46,9 @@ impl CommitClock {
         while inner.appended.back().is_some_and(|(i, _)| *i >= last_index) {
             inner.appended.pop_back();
         }
-        inner.appended.push_back((last_index, Instant::now()));
+        inner
+            .appended
+            .push_back((last_index, palisade_core::clock::now()));
         if inner.appended.len() > 16 * KEEP {
             // Appended but never applied (a node that only receives): bounded.
             inner.appended.pop_front();
@@ -56,7 +58,7 @@ impl CommitClock {
     /// Every entry up to `index` is applied.
     pub fn applied(&self, index: u64) {
         let mut inner = self.inner.lock().expect("poisoned");
-        let now = Instant::now();
+        let now = palisade_core::clock::now();
         while let Some(&(last, at)) = inner.appended.front() {
             if last > index {
                 break;

@@ -141,7 +141,7 @@ impl LeaseKeeper {
         if t.term.is_none() {
             return Err(KeepAliveError::NotLeader);
         }
-        let now = Instant::now();
+        let now = palisade_core::clock::now();
         match t.renew(session, now) {
             Some(Ok(ttl)) => return Ok(ttl),
             Some(Err(())) => return Err(KeepAliveError::UnknownSession),
@@ -179,7 +179,7 @@ impl LeaseKeeper {
     ) -> Option<(HashMap<SessionId, Duration>, HashMap<String, Duration>)> {
         let t = self.tracked.lock().expect("poisoned");
         t.term?;
-        let now = Instant::now();
+        let now = palisade_core::clock::now();
         let sessions = sessions
             .into_iter()
             .filter_map(|s| {
@@ -268,7 +268,7 @@ impl LeaseKeeper {
         if t.term.is_none() {
             return;
         }
-        let now = Instant::now();
+        let now = palisade_core::clock::now();
         let gone: Vec<SessionId> = t
             .sessions
             .keys()
@@ -307,7 +307,7 @@ impl LeaseKeeper {
         if t.term.is_none() {
             return;
         }
-        let now = Instant::now();
+        let now = palisade_core::clock::now();
         for event in events {
             match event {
                 LeaseEvent::SessionCreated { session, ttl } => t.track(session, ttl, now),
@@ -325,7 +325,7 @@ impl LeaseKeeper {
     }
 
     fn expire_due(self: &Arc<Self>) {
-        let now = Instant::now();
+        let now = palisade_core::clock::now();
         let mut proposals = Vec::new();
         {
             let mut t = self.tracked.lock().expect("poisoned");
@@ -375,7 +375,7 @@ impl LeaseKeeper {
                                 .tracked
                                 .lock()
                                 .expect("poisoned")
-                                .expire_again(session, Instant::now());
+                                .expire_again(session, palisade_core::clock::now());
                         }
                     }
                     Err(e) => tracing::warn!(error = ?e, "lease keeper proposal failed"),
