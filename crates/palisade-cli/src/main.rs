@@ -2,7 +2,7 @@
 //!
 //! Subcommands map onto the crates: `serve` runs `palisade-server`, `lock` takes a
 //! lock through `palisade-harness`'s backend registry, `redis …` drives
-//! `palisade-redis`, `chaos`, `bench` and `demo` are `palisade-harness`'s.
+//! `palisade-redis`, `chaos`, `sim`, `bench` and `demo` are `palisade-harness`'s.
 //! Exit statuses are in [`exit`] and the README.
 
 mod certs_cmd;
@@ -109,6 +109,10 @@ enum Command {
     /// clock jumps against Redis, Redlock, Palisade, ZooKeeper, etcd and
     /// PostgreSQL, with and without fencing.
     Chaos(chaos::ChaosArgs),
+    /// Deterministic simulation of the whole server and its clients: many
+    /// seeded fault histories (crashes with torn writes, partitions, slow
+    /// links, client pauses), each checked; a failing seed replays exactly.
+    Sim(palisade_harness::sim::SimArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell):
     /// `palisade completions bash > /etc/bash_completion.d/palisade`.
     Completions {
@@ -159,6 +163,7 @@ fn main() {
             Command::Review(a) => review_cmd::run(a).await,
             Command::Bench(c) => bench::run(c).await,
             Command::Chaos(a) => chaos::run(a).await,
+            Command::Sim(a) => palisade_harness::sim::run(a).await,
             Command::ChaosWorker(a) => chaos::worker::run(a).await,
             Command::Completions { shell } => {
                 let mut text = Vec::new();

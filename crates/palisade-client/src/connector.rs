@@ -44,6 +44,7 @@ pub(crate) struct Connector {
     address_map: HashMap<String, String>,
     tls: Option<TlsOptions>,
     credentials: Credentials,
+    dialer: Option<std::sync::Arc<dyn crate::Dialer>>,
 }
 
 impl Connector {
@@ -86,6 +87,7 @@ impl Connector {
             address_map: config.address_map.clone(),
             tls: config.tls.clone(),
             credentials,
+            dialer: config.dialer.clone(),
         })
     }
 
@@ -94,7 +96,21 @@ impl Connector {
         let channel = match channels.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let c = endpoint(addr, self.tls.as_ref())?.connect_lazy();
+                let endpoint = endpoint(addr, self.tls.as_ref())?;
+                let c = match &self.dialer {
+                    None => endpoint.connect_lazy(),
+                    Some(dialer) => {
+                        let dialer = dialer.clone();
+                        endpoint.connect_with_connector_lazy(tower::service_fn(
+                            move |uri: tonic::codegen::http::Uri| {
+                                let authority =
+                                    uri.authority().map(|a| a.to_string()).unwrap_or_default();
+                                let dialed = dialer.dial(authority);
+                                async move { dialed.await.map(hyper_util::rt::TokioIo::new) }
+                            },
+                        ))
+                    }
+                };
                 channels.insert(addr.to_owned(), c.clone());
                 c
             }

@@ -107,6 +107,28 @@ pub struct ClientConfig {
     /// A bearer token that says who this client is, for clusters that do not
     /// take client certificates. Sent only over TLS.
     pub bearer_token: Option<String>,
+    /// Dials the nodes; `None`: the operating system's TCP. A deterministic
+    /// simulation gives its own network here.
+    pub dialer: Option<std::sync::Arc<dyn Dialer>>,
+}
+
+/// A byte stream to a node, from a [`Dialer`].
+pub trait DialedConn:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{
+}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> DialedConn for T {}
+
+/// What [`Dialer::dial`] returns.
+pub type DialFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::io::Result<Box<dyn DialedConn>>> + Send>,
+>;
+
+/// Opens connections to nodes over a network other than the operating
+/// system's (a simulator's).
+pub trait Dialer: Send + Sync + std::fmt::Debug {
+    /// Connects to `authority` (`HOST:PORT`).
+    fn dial(&self, authority: String) -> DialFuture;
 }
 
 /// How this client speaks TLS to the nodes.
@@ -134,6 +156,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("label", &self.label)
             .field("address_map", &self.address_map)
             .field("tls", &self.tls)
+            .field("dialer", &self.dialer)
             .field(
                 "bearer_token",
                 &self.bearer_token.as_ref().map(|_| "<redacted>"),
@@ -194,6 +217,7 @@ impl ClientConfig {
             address_map: std::collections::HashMap::new(),
             tls: None,
             bearer_token: None,
+            dialer: None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod chaos;
 pub mod demo;
 pub mod exit;
 pub mod review;
+pub mod sim;
 
 use std::time::Duration;
 

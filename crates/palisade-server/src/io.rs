@@ -10,11 +10,16 @@
 
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
+use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// How [`Disk::open`] opens a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +76,51 @@ pub trait Disk: Send + Sync + Debug {
     }
 }
 
-/// The node's disk and how it runs blocking work. Cheap to clone.
+/// A byte stream to or from another node or a client, on a [`Net`].
+pub trait Conn: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn for T {}
+
+/// A boxed future of the network's answers.
+pub type NetFuture<'a, T> = Pin<Box<dyn Future<Output = io::Result<T>> + Send + 'a>>;
+
+/// Accepts connections on one address of a [`Net`].
+pub trait Listener: Send + 'static {
+    /// The next connection and who made it.
+    fn accept(&mut self) -> NetFuture<'_, (Box<dyn Conn>, SocketAddr)>;
+}
+
+/// A network other than the operating system's TCP: a simulator's. The node's
+/// listeners and its channels to peers go through it; TLS does not.
+pub trait Net: Send + Sync + Debug {
+    /// Listens on `addr`.
+    fn bind(&self, addr: SocketAddr) -> NetFuture<'static, Box<dyn Listener>>;
+    /// Connects to `authority` (`HOST:PORT`).
+    fn connect(&self, authority: String) -> NetFuture<'static, Box<dyn Conn>>;
+}
+
+/// The node's disk and network and how it runs blocking work. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Io {
     /// Every file the node reads or writes goes through it.
     pub disk: Arc<dyn Disk>,
     /// Threads for blocking work (production), or in line (simulation).
     pub threads: bool,
+    /// `None`: the operating system's TCP (production).
+    pub net: Option<Arc<dyn Net>>,
+    /// Bugs planted on purpose, for the simulator's own tests; none anywhere else.
+    pub planted: Planted,
+}
+
+/// Bugs the deterministic simulator must be able to find, switched on only by
+/// its tests (and `palisade sim --plant`), each a one-line departure from the
+/// real code. Never set in production: [`Io::os`] has none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Planted {
+    /// The log writer acknowledges an append before its `fdatasync`.
+    pub ack_before_sync: bool,
+    /// A new leader expires every session at once instead of restarting its
+    /// countdown at the full TTL.
+    pub no_lease_restart: bool,
 }
 
 impl Io {
@@ -86,15 +129,34 @@ impl Io {
         Io {
             disk: Arc::new(OsDisk),
             threads: true,
+            net: None,
+            planted: Planted::default(),
         }
     }
 
-    /// `disk`, with all work in line on the caller's task: what a
+    /// `disk` and `net`, with all work in line on the caller's task: what a
     /// deterministic simulation needs (no thread it cannot schedule).
-    pub fn simulated(disk: Arc<dyn Disk>) -> Io {
+    pub fn simulated(disk: Arc<dyn Disk>, net: Arc<dyn Net>) -> Io {
         Io {
             disk,
             threads: false,
+            net: Some(net),
+            planted: Planted::default(),
+        }
+    }
+
+    /// A lazily connecting channel to `endpoint` over this network.
+    pub fn channel(&self, endpoint: tonic::transport::Endpoint) -> tonic::transport::Channel {
+        match &self.net {
+            None => endpoint.connect_lazy(),
+            Some(net) => {
+                let net = net.clone();
+                endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: http::Uri| {
+                    let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+                    let connected = net.connect(authority);
+                    async move { connected.await.map(hyper_util::rt::TokioIo::new) }
+                }))
+            }
         }
     }
 

@@ -110,6 +110,8 @@ pub struct LeaseKeeper {
     proposer: Proposer,
     shared: Arc<Shared>,
     tracked: Mutex<Tracked>,
+    /// The simulator's planted bug: see [`crate::io::Planted::no_lease_restart`].
+    no_lease_restart: bool,
 }
 
 /// Why a keep-alive was refused.
@@ -124,11 +126,22 @@ pub enum KeepAliveError {
 impl LeaseKeeper {
     /// A keeper for `raft`, reading sessions from `shared`.
     pub fn new(raft: Raft, proposer: Proposer, shared: Arc<Shared>) -> Arc<Self> {
+        Self::with_planted(raft, proposer, shared, crate::io::Planted::default())
+    }
+
+    /// [`LeaseKeeper::new`] with the simulator's planted bugs (tests only).
+    pub fn with_planted(
+        raft: Raft,
+        proposer: Proposer,
+        shared: Arc<Shared>,
+        planted: crate::io::Planted,
+    ) -> Arc<Self> {
         Arc::new(LeaseKeeper {
             raft,
             proposer,
             shared,
             tracked: Mutex::new(Tracked::default()),
+            no_lease_restart: planted.no_lease_restart,
         })
     }
 
@@ -259,6 +272,7 @@ impl LeaseKeeper {
         // Taken under the machine's read lock: the machine reflects exactly
         // these events, so the rescan below covers them all.
         drop(self.shared.take_lease_events());
+        let gained = leader_term.is_some() && leader_term != t.term;
         if leader_term != t.term {
             // Lost or gained leadership: forget every deadline. A new leader
             // starts every countdown afresh, at full length, below.
@@ -280,6 +294,12 @@ impl LeaseKeeper {
         }
         for (id, ttl_ms) in machine.session_ttls() {
             t.track(id, Duration::from_millis(ttl_ms), now);
+        }
+        if gained && self.no_lease_restart {
+            let ids: Vec<SessionId> = t.sessions.keys().copied().collect();
+            for id in ids {
+                t.expire_again(id, now);
+            }
         }
         let delayed: HashMap<&str, (u64, u64)> = machine
             .delayed_locks()

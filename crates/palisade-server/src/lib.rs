@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod proposer;
+pub mod runtime;
 pub mod security;
 pub mod service;
 pub mod status;
@@ -41,4 +42,4 @@ pub mod store;
 pub mod typ;
 pub mod wire_errors;
 
-pub use node::{ServerConfig, ServerError, run, run_until};
+pub use node::{ServerConfig, ServerError, run, run_on, run_until};

@@ -55,6 +55,8 @@ struct SnapshotHeader {
 pub struct PeerFactory {
     /// TLS to peers; `None`: plaintext.
     pub tls: Option<ClientTlsConfig>,
+    /// The network the peers are on.
+    pub io: crate::io::Io,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerFactory {
@@ -63,25 +65,27 @@ impl RaftNetworkFactory<TypeConfig> for PeerFactory {
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
         Peer {
             target,
-            client: peer_channel(self.tls.as_ref(), target, &node.peer()).map(RaftClient::new),
+            client: peer_channel(&self.io, self.tls.as_ref(), target, &node.peer())
+                .map(RaftClient::new),
         }
     }
 }
 
 /// A lazily connecting channel to node `target`'s peer listener at `addr`,
 /// expecting its certificate (with `tls`); `None` when the address is unusable.
-pub fn peer_channel(tls: Option<&ClientTlsConfig>, target: NodeId, addr: &str) -> Option<Channel> {
+pub fn peer_channel(
+    io: &crate::io::Io,
+    tls: Option<&ClientTlsConfig>,
+    target: NodeId,
+    addr: &str,
+) -> Option<Channel> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     Endpoint::from_shared(format!("{scheme}://{addr}"))
         .and_then(|e| match tls {
             Some(tls) => e.tls_config(tls.clone().domain_name(peer_server_name(target))),
             None => Ok(e),
         })
-        .map(|e| {
-            e.connect_timeout(Duration::from_secs(1))
-                .tcp_nodelay(true)
-                .connect_lazy()
-        })
+        .map(|e| io.channel(e.connect_timeout(Duration::from_secs(1)).tcp_nodelay(true)))
         .map_err(|e| tracing::error!(target, error = %e, "unusable peer address"))
         .ok()
 }

@@ -11,10 +11,11 @@ use std::time::Duration;
 use openraft::{Config, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
+use crate::io::{Io, OpenMode};
 use crate::leases::LeaseKeeper;
 use crate::network::{PeerFactory, RaftService};
 use crate::proposer::Proposer;
-use crate::security::conn::{Counters, incoming};
+use crate::security::conn::{Accepting, Counters, incoming};
 use crate::security::{Gatekeeper, PeerCheck, SecurityConfig, Tls};
 use crate::service::Api;
 use crate::store::log::LogStore;
@@ -99,14 +100,16 @@ struct Identity {
     id: NodeId,
 }
 
-fn check_identity(config: &ServerConfig) -> Result<(), ServerError> {
+fn check_identity(config: &ServerConfig, io: &Io) -> Result<(), ServerError> {
     let err = |why: String| ServerError::DataDir {
         dir: config.data_dir.clone(),
         why,
     };
-    std::fs::create_dir_all(&config.data_dir).map_err(|e| err(e.to_string()))?;
+    io.disk
+        .create_dir_all(&config.data_dir)
+        .map_err(|e| err(e.to_string()))?;
     let path = config.data_dir.join("node.json");
-    match std::fs::read(&path) {
+    match io.disk.read(&path) {
         Ok(bytes) => {
             let found: Identity =
                 serde_json::from_slice(&bytes).map_err(|e| err(format!("node.json: {e}")))?;
@@ -120,7 +123,13 @@ fn check_identity(config: &ServerConfig) -> Result<(), ServerError> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let bytes = serde_json::to_vec(&Identity { id: config.id }).expect("serializable");
-            std::fs::write(&path, bytes).map_err(|e| err(e.to_string()))
+            let write = || {
+                let file = io.disk.open(&path, OpenMode::Truncate)?;
+                file.write_all_at(&bytes, 0)?;
+                file.sync_data()?;
+                io.disk.sync_dir(&config.data_dir)
+            };
+            write().map_err(|e| err(e.to_string()))
         }
         Err(e) => Err(err(e.to_string())),
     }
@@ -149,6 +158,20 @@ pub async fn run(
 /// See [`ServerError`].
 pub async fn run_until(
     config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    serving: impl FnOnce() + Send,
+) -> Result<(), ServerError> {
+    run_on(config, Io::os(), shutdown, serving).await
+}
+
+/// [`run_until`] on `io`: its disk, network and way of running blocking work
+/// (the operating system's in production, a simulator's in `palisade sim`).
+///
+/// # Errors
+/// See [`ServerError`].
+pub async fn run_on(
+    config: ServerConfig,
+    io: Io,
     shutdown: impl Future<Output = ()> + Send + 'static,
     serving: impl FnOnce() + Send,
 ) -> Result<(), ServerError> {
@@ -196,22 +219,34 @@ pub async fn run_until(
             .and_then(|s| s.listen(1024))
             .map_err(|source| ServerError::Bind { addr, source })
     };
-    let client_listener = bind(config.listen)?;
-    let peer_listener = bind(config.listen_peer)?;
-    let http_listener = config.metrics_listen.map(bind).transpose()?;
+    let listen = async |addr: SocketAddr| match &io.net {
+        None => bind(addr).map(Accepting::Tcp),
+        Some(net) => net
+            .bind(addr)
+            .await
+            .map(Accepting::Net)
+            .map_err(|source| ServerError::Bind { addr, source }),
+    };
+    let client_listener = listen(config.listen).await?;
+    let peer_listener = listen(config.listen_peer).await?;
+    // The operators' HTTP listener is the operating system's only.
+    let http_listener = match io.net {
+        None => config.metrics_listen.map(bind).transpose()?,
+        Some(_) => None,
+    };
     // Held until the node stops: a second process on this directory is refused
     // here, before anything in it is read or written.
-    let _dir_lock = crate::store::dir_lock::DirLock::acquire(&config.data_dir)?;
-    check_identity(&config)?;
+    let _dir_lock = crate::store::dir_lock::DirLock::acquire_on(&config.data_dir, &io)?;
+    check_identity(&config, &io)?;
     let dir_err = |e: std::io::Error| ServerError::DataDir {
         dir: config.data_dir.clone(),
         why: e.to_string(),
     };
     let commit_clock = Arc::new(crate::commit_clock::CommitClock::default());
-    let log = LogStore::open(&config.data_dir)
+    let log = LogStore::open_on(&config.data_dir, &io)
         .map_err(dir_err)?
         .with_commit_clock(commit_clock.clone());
-    let sm = StateMachineStore::open(&config.data_dir)
+    let sm = StateMachineStore::open_on(&config.data_dir, &io)
         .map_err(dir_err)?
         .with_commit_clock(commit_clock.clone());
     let shared = sm.shared();
@@ -244,6 +279,7 @@ pub async fn run_until(
     let peer_tls = tls.as_ref().map(Tls::to_peers);
     let peers = PeerFactory {
         tls: peer_tls.clone(),
+        io: io.clone(),
     };
     let raft = Raft::new(config.id, Arc::new(raft_config), peers, log, sm)
         .await
@@ -290,7 +326,8 @@ pub async fn run_until(
         }
     }
     let proposer = Proposer::start(raft.clone());
-    let leases = LeaseKeeper::new(raft.clone(), proposer.clone(), shared.clone());
+    let leases =
+        LeaseKeeper::with_planted(raft.clone(), proposer.clone(), shared.clone(), io.planted);
     let keeper = tokio::spawn(leases.clone().run());
     let status = Arc::new(crate::status::StatusSource::new(
         raft.clone(),
@@ -298,6 +335,7 @@ pub async fn run_until(
         leases.clone(),
         committed.clone(),
         peer_tls,
+        io.clone(),
     ));
     let shared_for_http = shared.clone();
     let api = Api::new(
@@ -370,7 +408,12 @@ pub async fn run_until(
             }
         })
     });
-    let reloads = tokio::spawn(reload_on_hangup(gatekeeper));
+    // Signals are the operating system's; a simulated node has none.
+    let reloads = tokio::spawn(async move {
+        if io.net.is_none() {
+            reload_on_hangup(gatekeeper).await;
+        }
+    });
     let roles = tokio::spawn(log_role_changes(raft.clone()));
     let stop_on_signal = stop_tx.clone();
     tokio::spawn(async move {

@@ -142,18 +142,21 @@ pub struct StatusSource {
     leases: Arc<LeaseKeeper>,
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
     tls: Option<ClientTlsConfig>,
+    io: crate::io::Io,
     /// One channel per member, made on first use.
     peers: Mutex<HashMap<NodeId, (String, RaftClient<Channel>)>>,
 }
 
 impl StatusSource {
-    /// A source for the node run by `raft`; `tls` dials peers as Raft does.
+    /// A source for the node run by `raft`; `tls` and `io` dial peers as Raft
+    /// does.
     pub fn new(
         raft: Raft,
         shared: Arc<Shared>,
         leases: Arc<LeaseKeeper>,
         committed: Arc<dyn Fn() -> u64 + Send + Sync>,
         tls: Option<ClientTlsConfig>,
+        io: crate::io::Io,
     ) -> Self {
         StatusSource {
             raft,
@@ -161,6 +164,7 @@ impl StatusSource {
             leases,
             committed,
             tls,
+            io,
             peers: Mutex::default(),
         }
     }
@@ -230,8 +234,9 @@ impl StatusSource {
                 // A member re-added at another address gets a new channel.
                 Some((addr, client)) if addr == peer_addr => client.clone(),
                 _ => {
-                    let channel = crate::network::peer_channel(self.tls.as_ref(), id, peer_addr)
-                        .ok_or_else(|| format!("unusable address {peer_addr}"))?;
+                    let channel =
+                        crate::network::peer_channel(&self.io, self.tls.as_ref(), id, peer_addr)
+                            .ok_or_else(|| format!("unusable address {peer_addr}"))?;
                     let client = RaftClient::new(channel);
                     peers.insert(id, (peer_addr.to_owned(), client.clone()));
                     client

@@ -32,7 +32,7 @@ openraft::declare_raft_types!(
         R = EntryResponse,
         NodeId = u64,
         Node = NodeAddr,
-        AsyncRuntime = openraft_rt_tokio::TokioRuntime,
+        AsyncRuntime = crate::runtime::PalisadeRuntime,
 );
 
 /// A node id (as in `--id` and `--initial-cluster`).

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
@@ -109,7 +109,7 @@ impl Drop for CallGuard {
 
 /// An accepted TCP connection under the limits.
 pub struct LimitedConn {
-    inner: TcpStream,
+    inner: Box<dyn crate::io::Conn>,
     info: ConnInfo,
     idle_timeout: Duration,
     idle: Pin<Box<Sleep>>,
@@ -192,8 +192,29 @@ impl AsyncWrite for LimitedConn {
 /// dropped.
 pub type Incoming = ReceiverStream<io::Result<LimitedConn>>;
 
+/// What a listener accepts on: a TCP socket, or a simulated network's address.
+pub enum Accepting {
+    /// The operating system's TCP.
+    Tcp(TcpListener),
+    /// A [`crate::io::Net`]'s listener.
+    Net(Box<dyn crate::io::Listener>),
+}
+
+impl Accepting {
+    async fn accept(&mut self) -> io::Result<(Box<dyn crate::io::Conn>, SocketAddr)> {
+        match self {
+            Accepting::Tcp(listener) => {
+                let (stream, remote) = listener.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok((Box::new(stream), remote))
+            }
+            Accepting::Net(listener) => listener.accept().await,
+        }
+    }
+}
+
 /// Accepts on `listener` under `limits`.
-pub fn incoming(listener: TcpListener, limits: Limits, counters: Arc<Counters>) -> Incoming {
+pub fn incoming(mut listener: Accepting, limits: Limits, counters: Arc<Counters>) -> Incoming {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
@@ -217,7 +238,6 @@ pub fn incoming(listener: TcpListener, limits: Limits, counters: Arc<Counters>) 
                 drop(stream);
                 continue;
             };
-            let _ = stream.set_nodelay(true);
             let started = Instant::now();
             let conn = LimitedConn {
                 inner: stream,

@@ -1,0 +1,350 @@
+//! Deterministic simulation of Palisade: the real server (openraft, the
+//! write-ahead log, the state machine and its snapshots, the proposer, the lease
+//! keeper, the gRPC services) and the real client, several nodes and clients in
+//! one process on one thread, on virtual time, over a simulated network and
+//! simulated disks — all driven by one seed.
+//!
+//! - [`turmoil`] runs each node and each client as a host with a tokio runtime of
+//!   its own on a paused clock, and carries TCP between them with latency drawn
+//!   from the seed; a crash drops a host's runtime (every task of the node ends
+//!   at once), a restart runs the node's software again on the same disk.
+//! - [`disk::SimDisk`] keeps what was synced apart from what was only written; a
+//!   crash keeps only the first (or, torn, part of the rest).
+//! - The server reaches both through `palisade_server::io` — the same code paths
+//!   as production, with blocking work run in line. openraft's random source is
+//!   seeded ([`palisade_server::runtime::seed_thread_rng`]), and tokio's (the
+//!   branch order of `select!`) through turmoil when built with
+//!   `--cfg tokio_unstable` (the workspace's `.cargo/config.toml`).
+//! - [`nemesis`] draws faults from the seed; [`workload`] is what the clients
+//!   do; [`check`] judges the history with `palisade-chaos`'s checker plus the
+//!   invariants only a simulator can see.
+
+pub mod check;
+pub mod disk;
+pub mod nemesis;
+pub mod net;
+pub mod workload;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_chaos::{Event, EventKind, History};
+use palisade_server::io::Io;
+use palisade_server::typ::NodeAddr;
+use palisade_server::{ServerConfig, run_on};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+pub use check::Verdict;
+pub use nemesis::{Fault, FaultSet};
+
+/// The port every node's client listener uses on its simulated host.
+const CLIENT_PORT: u16 = 7001;
+/// The port every node's peer listener uses.
+const PEER_PORT: u16 = 7002;
+
+pub use palisade_server::io::Planted;
+
+/// One simulation run.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Everything random in the run follows from it.
+    pub seed: u64,
+    /// Cluster size (3 or 5).
+    pub nodes: usize,
+    /// Client hosts, each with its own sessions.
+    pub clients: usize,
+    /// How many distinct locks the clients contend for.
+    pub locks: usize,
+    /// Which faults the nemesis may inject.
+    pub faults: FaultSet,
+    /// Faults are injected from the first leader until this much later.
+    pub fault_window: Duration,
+    /// After the faults end (everything healed and restarted), how long the
+    /// clients go on; every acquire in it must be answered.
+    pub quiet: Duration,
+    /// Bugs planted for the simulator's own tests.
+    pub planted: Planted,
+    /// Inject at most this many faults (`None`: no limit) — how a failing seed
+    /// is cut down to its shortest failing prefix: the same seed with fewer
+    /// faults replays the same history up to the first fault left out.
+    pub max_faults: Option<usize>,
+}
+
+impl SimConfig {
+    /// The defaults for `seed`: 3 nodes, 4 clients on 2 locks, every fault, 20 s
+    /// of faults and 10 s of quiet.
+    pub fn new(seed: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            nodes: 3,
+            clients: 4,
+            locks: 2,
+            faults: FaultSet::all(),
+            fault_window: Duration::from_secs(20),
+            quiet: Duration::from_secs(10),
+            planted: Planted::default(),
+            max_faults: None,
+        }
+    }
+}
+
+/// What one run produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The run's configuration seed.
+    pub seed: u64,
+    /// Everything the clients and the nemesis saw, on simulated time.
+    pub history: History,
+    /// The judgement of the history.
+    pub verdict: Verdict,
+    /// Simulated time the run covered.
+    pub simulated: Duration,
+    /// Faults injected.
+    pub faults: usize,
+    /// A run that could not even complete (a host failed): the reason.
+    pub aborted: Option<String>,
+}
+
+impl Outcome {
+    /// Whether the run broke no invariant and completed.
+    pub fn passed(&self) -> bool {
+        self.aborted.is_none() && self.verdict.violations.is_empty()
+    }
+
+    /// The outcome in one line, without the history (what `palisade sim`'s
+    /// worker processes report).
+    pub fn line(&self) -> OutcomeLine {
+        OutcomeLine {
+            seed: self.seed,
+            aborted: self.aborted.clone(),
+            violations: self.verdict.violations.clone(),
+            faults: self.faults,
+            grants: self.verdict.grants,
+            simulated_ms: self.simulated.as_millis() as u64,
+        }
+    }
+}
+
+/// An [`Outcome`] without its history, as one JSON line.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OutcomeLine {
+    /// The seed.
+    pub seed: u64,
+    /// Why the run could not complete, if it did not.
+    pub aborted: Option<String>,
+    /// Invariants broken.
+    pub violations: Vec<String>,
+    /// Faults injected.
+    pub faults: usize,
+    /// Grants checked.
+    pub grants: usize,
+    /// Simulated milliseconds.
+    pub simulated_ms: u64,
+}
+
+impl OutcomeLine {
+    /// Whether the run broke no invariant and completed.
+    pub fn passed(&self) -> bool {
+        self.aborted.is_none() && self.violations.is_empty()
+    }
+
+    /// What went wrong, in one line.
+    pub fn failure(&self) -> String {
+        match &self.aborted {
+            Some(why) => format!("the run did not complete: {why}"),
+            None => self.violations.join("; "),
+        }
+    }
+}
+
+/// The shared record of a run: events on simulated time.
+#[derive(Debug, Clone, Default)]
+pub struct Recorder {
+    events: Rc<RefCell<Vec<Event>>>,
+}
+
+impl Recorder {
+    /// Appends an event by `client` at the current simulated time (from
+    /// inside a simulated host).
+    pub fn record(&self, client: u32, kind: EventKind) {
+        self.record_at(sim_now_us(), client, kind);
+    }
+
+    /// Appends an event by `client` (0: the nemesis) at `at_us`.
+    pub fn record_at(&self, at_us: u64, client: u32, kind: EventKind) {
+        self.events.borrow_mut().push(Event {
+            at_us,
+            client,
+            kind,
+        });
+    }
+
+    fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut self.events.borrow_mut())
+    }
+}
+
+/// Simulated time since the start of the run, in microseconds.
+pub fn sim_now_us() -> u64 {
+    turmoil::sim_elapsed().map_or(0, |d| d.as_micros() as u64)
+}
+
+fn node_name(id: u64) -> String {
+    format!("n{id}")
+}
+
+/// The client addresses of every node (`nI:PORT`), as clients are given them.
+fn endpoints(nodes: usize) -> Vec<String> {
+    (1..=nodes as u64)
+        .map(|id| format!("{}:{CLIENT_PORT}", node_name(id)))
+        .collect()
+}
+
+/// tokio numbers every task from one counter per process and, when a runtime
+/// is dropped (a node's crash), shuts its tasks down shard by shard, a task's
+/// shard being its number modulo 4. The order decides which of the crashed
+/// node's connections sends its last packets first. So that it is the same in
+/// every run, every run starts its tasks at a number ≡ 0 (mod 4).
+fn align_task_numbers() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a tokio runtime");
+    loop {
+        let task = rt.spawn(async {});
+        let number: u64 = task.id().to_string().parse().unwrap_or(3);
+        let _ = rt.block_on(task);
+        if number % 4 == 3 {
+            return;
+        }
+    }
+}
+
+/// Runs one simulation to its end and judges it.
+///
+/// Deterministic — the same `config` gives the same [`Outcome`], history byte
+/// for byte — provided nothing else in the process creates tokio tasks while
+/// it runs (tokio's task numbers are process-wide; see `align_task_numbers`):
+/// run simulations one at a time per process (`palisade sim --jobs` uses one
+/// process per job).
+pub fn run(config: &SimConfig) -> Outcome {
+    align_task_numbers();
+    // openraft's election timeouts: from the seed.
+    palisade_server::runtime::seed_thread_rng(config.seed);
+    let total = nemesis::SETTLE + config.fault_window + config.quiet + Duration::from_secs(30);
+    let mut builder = turmoil::Builder::new();
+    builder
+        .rng_seed(config.seed)
+        .epoch(std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+        .simulation_duration(total)
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_micros(200))
+        .max_message_latency(Duration::from_millis(3))
+        .tcp_capacity(4096);
+    let mut sim = builder.build();
+
+    let mut initial = BTreeMap::new();
+    for id in 1..=config.nodes as u64 {
+        let name = node_name(id);
+        initial.insert(
+            id,
+            NodeAddr::new(
+                format!("{name}:{CLIENT_PORT}"),
+                format!("{name}:{PEER_PORT}"),
+            ),
+        );
+    }
+    let mut disks = BTreeMap::new();
+    for id in 1..=config.nodes as u64 {
+        let disk = disk::SimDisk::new(
+            config.seed ^ (id << 32),
+            Duration::from_micros(100),
+            Duration::from_millis(2),
+        );
+        disks.insert(id, disk.clone());
+        let planted = config.planted;
+        let server = ServerConfig {
+            id,
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), CLIENT_PORT),
+            listen_peer: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), PEER_PORT),
+            advertise: initial[&id].addr.clone(),
+            advertise_peer: initial[&id].peer(),
+            security: Default::default(),
+            data_dir: "/data".into(),
+            initial_cluster: initial.clone(),
+            // Small, so that runs build snapshots, compact the log and send
+            // snapshots to nodes that fell behind.
+            snapshot_every: 40,
+            join: false,
+            metrics_listen: None,
+        };
+        sim.host(node_name(id), move || {
+            let mut io = Io::simulated(Arc::new(disk.clone()), Arc::new(net::SimNet));
+            io.planted = planted;
+            let server = server.clone();
+            async move {
+                run_on(server, io, std::future::pending(), || {})
+                    .await
+                    .map_err(|e| Box::new(e) as Box<dyn std::error::Error>)
+            }
+        });
+    }
+
+    let recorder = Recorder::default();
+    let end_us = (nemesis::SETTLE + config.fault_window + config.quiet).as_micros() as u64;
+    let fence = workload::Fence::default();
+    for c in 1..=config.clients as u32 {
+        let plan = workload::Plan {
+            client: c,
+            endpoints: endpoints(config.nodes),
+            locks: config.locks,
+            seed: config.seed.wrapping_mul(31).wrapping_add(u64::from(c)),
+            end_us,
+            pauses: config.faults.contains(Fault::ClientPause),
+        };
+        sim.client(
+            format!("c{c}"),
+            workload::run(plan, recorder.clone(), fence.clone()),
+        );
+    }
+
+    let mut nemesis = nemesis::Nemesis::new(
+        SmallRng::seed_from_u64(config.seed ^ 0x006e_656d_6573_6973),
+        config,
+        disks,
+    );
+    let mut aborted = None;
+    loop {
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => {
+                aborted = Some(e.to_string());
+                break;
+            }
+        }
+        nemesis.tick(&mut sim, &recorder);
+    }
+    let simulated = sim.elapsed();
+    let history = History {
+        scenario: "sim".into(),
+        variant: config.faults.to_string(),
+        backend: "palisade".into(),
+        fencing: true,
+        seed: config.seed,
+        events: recorder.take(),
+    };
+    let verdict = check::judge(&history, nemesis.healed_at_us(), end_us);
+    Outcome {
+        seed: config.seed,
+        history,
+        verdict,
+        simulated,
+        faults: nemesis.injected(),
+        aborted,
+    }
+}
