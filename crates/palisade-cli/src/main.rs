@@ -43,16 +43,18 @@ enum LogFormat {
 }
 
 /// Logs to stderr, filtered by `PALISADE_LOG` (default: a node's role changes
-/// and the events operators act on).
-fn init_logging(format: LogFormat) {
+/// and the events operators act on; with `quiet`, errors only).
+fn init_logging(format: LogFormat, quiet: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PALISADE_LOG")
         // A node says in one line each when it leads, follows or
         // snapshots; openraft's own warnings are the expected noise of
         // an election (votes racing, a peer not up yet), its errors are not.
         .unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new(
-                "warn,palisade_server=info,palisade_fence=info,openraft=error",
-            )
+            tracing_subscriber::EnvFilter::new(if quiet {
+                "error"
+            } else {
+                "warn,palisade_server=info,palisade_fence=info,openraft=error"
+            })
         });
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -145,7 +147,9 @@ fn main() {
         std::process::exit(exit::USAGE)
     });
     let cli = Cli::parse_from(args);
-    init_logging(cli.log_format);
+    // `palisade sim` runs thousands of simulated nodes in this process: their
+    // role changes and snapshots are not news (PALISADE_LOG still shows them).
+    init_logging(cli.log_format, matches!(cli.command, Command::Sim(_)));
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let code = runtime.block_on(async {
         match cli.command {

@@ -238,6 +238,22 @@ pub struct AcquireOptions {
     pub lock_delay: Duration,
 }
 
+/// An acquire in flight: if its future is dropped before an answer, the
+/// acquisition is cancelled in the background (in the lock's turn).
+struct Unanswered<'a> {
+    client: Option<Client>,
+    name: &'a str,
+    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            client.cancel_in_background(self.name, self.turn.take());
+        }
+    }
+}
+
 /// A connection to a Palisade cluster with one session. Cheap to clone; the
 /// session ends when the last clone is dropped (or on [`Client::close`]).
 #[derive(Clone)]
@@ -245,6 +261,13 @@ pub struct Client {
     conn: Arc<Connector>,
     session: Arc<Session>,
     safety: Arc<palisade_core::safety::LockSafety>,
+    /// Per lock name: held by an acquire while it runs and by the
+    /// cancellation of an acquire whose answer was lost. The cancellation
+    /// releases the lock if it was granted meanwhile, and a later acquire of
+    /// the same name by this session would be given that very grant back: the
+    /// two must not overlap, or the release would take away the grant the
+    /// acquire just returned (found by `palisade sim`).
+    turns: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl Client {
@@ -265,6 +288,7 @@ impl Client {
             conn,
             session,
             safety: Arc::default(),
+            turns: Arc::default(),
         })
     }
 
@@ -318,6 +342,14 @@ impl Client {
         palisade_core::limits::validate_name(name)
             .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
         self.session.check_alive()?;
+        let turn = self.turn(name).lock_owned().await;
+        // Dropped before an answer (the caller gave up on this future): the
+        // server may grant it after all; cancel it, as after `Unavailable`.
+        let mut unanswered = Unanswered {
+            client: Some(self.clone()),
+            name,
+            turn: Some(turn),
+        };
         let give_up = palisade_core::clock::now() + options.wait;
         let request = |wait: Duration| AcquireRequest {
             session_id: self.session.id.get(),
@@ -337,6 +369,8 @@ impl Client {
                 async move { LocksClient::new(ch).acquire(req).await }
             })
             .await;
+        // Answered: nothing to cancel on drop from here on.
+        unanswered.client = None;
         match result {
             Ok(reply) => {
                 let token = FencingToken::new(reply.token)
@@ -353,18 +387,31 @@ impl Client {
                 Ok(guard)
             }
             Err(ClientError::Unavailable(why)) => {
-                self.cancel_in_background(name);
+                self.cancel_in_background(name, unanswered.turn.take());
                 Err(ClientError::Unavailable(why))
             }
             Err(e) => Err(e),
         }
     }
 
-    /// Asks the server to forget an acquisition whose answer we did not get.
-    fn cancel_in_background(&self, name: &str) {
+    /// The turn of lock `name` (see `turns`).
+    fn turn(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.turns.lock().expect("poisoned");
+        turns.retain(|_, t| Arc::strong_count(t) > 1);
+        turns.entry(name.to_owned()).or_default().clone()
+    }
+
+    /// Asks the server to forget an acquisition whose answer we did not get,
+    /// holding `name`'s turn (taking it if not given) until it is done.
+    fn cancel_in_background(&self, name: &str, turn: Option<tokio::sync::OwnedMutexGuard<()>>) {
         let (conn, session, name) = (self.conn.clone(), self.session.id.get(), name.to_owned());
         let key = self.session.key.clone();
+        let lock = self.turn(&name);
         tokio::spawn(async move {
+            let _turn = match turn {
+                Some(turn) => turn,
+                None => lock.lock_owned().await,
+            };
             let _ = conn
                 .call(conn.retry_for, |ch| {
                     let req = CancelAcquireRequest {

@@ -109,6 +109,20 @@ pub struct Io {
     pub net: Option<Arc<dyn Net>>,
     /// Bugs planted on purpose, for the simulator's own tests; none anywhere else.
     pub planted: Planted,
+    /// Told of every entry the state machine applies — its index, term and a
+    /// digest of its content — so that a simulator can check that every node
+    /// applies the same entry at each index. `None` in production.
+    pub on_apply: Option<ApplyObserver>,
+}
+
+/// See [`Io::on_apply`].
+#[derive(Clone)]
+pub struct ApplyObserver(pub Arc<dyn Fn(u64, u64, u64) + Send + Sync>);
+
+impl Debug for ApplyObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApplyObserver")
+    }
 }
 
 /// Bugs the deterministic simulator must be able to find, switched on only by
@@ -131,6 +145,7 @@ impl Io {
             threads: true,
             net: None,
             planted: Planted::default(),
+            on_apply: None,
         }
     }
 
@@ -142,6 +157,7 @@ impl Io {
             threads: false,
             net: Some(net),
             planted: Planted::default(),
+            on_apply: None,
         }
     }
 

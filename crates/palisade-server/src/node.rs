@@ -271,6 +271,7 @@ pub async fn run_on(
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
     let committed_log = log.clone();
+    let last_log = log.clone();
     let committed: Arc<dyn Fn() -> u64 + Send + Sync> =
         Arc::new(move || committed_log.committed_index());
     // Any entry in the log at startup may have been acknowledged before a crash
@@ -347,7 +348,8 @@ pub async fn run_on(
         read_floor,
         gatekeeper.clone(),
     )
-    .with_commit_clock(commit_clock);
+    .with_commit_clock(commit_clock)
+    .with_last_log_index(Arc::new(move || last_log.last_index()));
     tracing::debug!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
     let limits = config.security.limits;
     let builder = || {

@@ -42,6 +42,8 @@ pub struct Api {
     shared: Arc<Shared>,
     leases: Arc<LeaseKeeper>,
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// The index of the last entry in this node's log (see `watch_grant`).
+    last_log_index: Arc<dyn Fn() -> u64 + Send + Sync>,
     /// The vote's term and the last log index at startup: while this node leads
     /// in that term, reads wait until that index is applied.
     read_floor: (u64, u64),
@@ -64,8 +66,13 @@ impl Api {
         read_floor: (u64, u64),
         gatekeeper: Arc<Gatekeeper>,
     ) -> Self {
+        let metrics = raft.metrics();
         Api {
             leader_check: LeaderCheck::new(raft.clone()),
+            last_log_index: Arc::new(move || {
+                use openraft::async_runtime::WatchReceiver;
+                metrics.borrow_watched().last_log_index.unwrap_or(0)
+            }),
             raft,
             proposer,
             shared,
@@ -82,6 +89,14 @@ impl Api {
     #[must_use]
     pub fn with_commit_clock(mut self, clock: Arc<crate::commit_clock::CommitClock>) -> Self {
         self.commit_clock = Some(clock);
+        self
+    }
+
+    /// Reads the end of this node's log from `last_index` (the log store's own
+    /// count; without it, openraft's metrics, which can lag the log a little).
+    #[must_use]
+    pub fn with_last_log_index(mut self, last_index: Arc<dyn Fn() -> u64 + Send + Sync>) -> Self {
+        self.last_log_index = last_index;
         self
     }
 
@@ -284,8 +299,15 @@ fn input(e: impl std::fmt::Display) -> Status {
     ErrorCode::InvalidInput.status(e.to_string())
 }
 
-/// Cancels a wait whose RPC went away before it was answered, so the server never
-/// hands a lock to a client that stopped listening. Disarmed once answered.
+/// Takes a wait whose RPC went away before it was answered out of the queue.
+/// Disarmed once answered.
+///
+/// A grant made meanwhile is left with the session: the client may be retrying
+/// this very call on another node and be told of that grant, so releasing it
+/// here could take the lock from a client that holds it (found by `palisade
+/// sim`). A client that gives up cancels with `CancelAcquire` (which does
+/// release), in turn with its later acquires of the lock; otherwise the grant
+/// ends with the session.
 struct AbandonedWait {
     api: Option<Api>,
     session: SessionId,
@@ -304,7 +326,7 @@ impl Drop for AbandonedWait {
             let (session, name) = (self.session, std::mem::take(&mut self.name));
             api.shared.unwatch_grant(session, &name);
             tokio::spawn(async move {
-                let _ = cancel(&api, session, name).await;
+                let _ = api.propose(Command::CancelWait { session, name }).await;
             });
         }
     }
@@ -436,8 +458,14 @@ impl Locks for Api {
         caller.may_lock(&r.name)?;
         self.check_owner(&caller, session, &r.session_key).await?;
         // Registered before proposing: a grant applied between the proposal and
-        // the registration would otherwise be missed.
-        let granted = self.shared.watch_grant(session, &r.name);
+        // the registration would otherwise be missed. Only entries after the
+        // log's current end can answer it: this node may still be applying
+        // older ones (after a restart, or as a leader not yet caught up), and
+        // an old grant of this lock to this session must not answer this call
+        // (found by `palisade sim`: a client got back a token it had released
+        // long before, while the lock was another's).
+        let from = (self.last_log_index)() + 1;
+        let granted = self.shared.watch_grant(session, &r.name, from);
         let guard = AbandonedWait {
             api: Some(self.clone()),
             session,

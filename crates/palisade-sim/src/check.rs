@@ -10,6 +10,38 @@ use palisade_chaos::{EventKind, History, Report};
 /// (an election, every node catching up, leases restarted at full length).
 pub const RECOVERY_US: u64 = 6_000_000;
 
+/// What every node applied, by log index: the first node's entry, and every
+/// entry that differed from it (Raft's state machine safety: one entry per
+/// index, on every node).
+#[derive(Debug, Default)]
+pub struct Applied {
+    first: BTreeMap<u64, (u64, u64, u64)>,
+    divergent: Vec<String>,
+}
+
+impl Applied {
+    /// Node `node` applied the entry of `term` with `digest` at `index`.
+    pub fn record(&mut self, node: u64, index: u64, term: u64, digest: u64) {
+        match self.first.get(&index) {
+            None => {
+                self.first.insert(index, (term, digest, node));
+            }
+            Some(&(t, d, by)) if (t, d) != (term, digest) && self.divergent.len() < 5 => {
+                self.divergent.push(format!(
+                    "index {index}: node {node} applied an entry of term {term}, node {by} one of term {t}{}",
+                    if t == term { " (different content)" } else { "" }
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The divergences found.
+    pub fn divergences(&self) -> Vec<String> {
+        self.divergent.clone()
+    }
+}
+
 /// The judgement of one history.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Verdict {

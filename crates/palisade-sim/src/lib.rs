@@ -38,6 +38,7 @@ use palisade_server::typ::NodeAddr;
 use palisade_server::{ServerConfig, run_on};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use tracing::Instrument;
 
 pub use check::Verdict;
 pub use nemesis::{Fault, FaultSet};
@@ -259,6 +260,8 @@ pub fn run(config: &SimConfig) -> Outcome {
         );
     }
     let mut disks = BTreeMap::new();
+    // Every node's applied entries: index → (term, digest, first node).
+    let applied: Arc<std::sync::Mutex<check::Applied>> = Arc::default();
     for id in 1..=config.nodes as u64 {
         let disk = disk::SimDisk::new(
             config.seed ^ (id << 32),
@@ -267,6 +270,7 @@ pub fn run(config: &SimConfig) -> Outcome {
         );
         disks.insert(id, disk.clone());
         let planted = config.planted;
+        let applied = applied.clone();
         let server = ServerConfig {
             id,
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), CLIENT_PORT),
@@ -285,9 +289,19 @@ pub fn run(config: &SimConfig) -> Outcome {
         sim.host(node_name(id), move || {
             let mut io = Io::simulated(Arc::new(disk.clone()), Arc::new(net::SimNet));
             io.planted = planted;
+            let applied = applied.clone();
+            io.on_apply = Some(palisade_server::io::ApplyObserver(Arc::new(
+                move |index, term, digest| {
+                    applied
+                        .lock()
+                        .expect("poisoned")
+                        .record(id, index, term, digest);
+                },
+            )));
             let server = server.clone();
             async move {
                 run_on(server, io, std::future::pending(), || {})
+                    .instrument(tracing::info_span!("node", id))
                     .await
                     .map_err(|e| Box::new(e) as Box<dyn std::error::Error>)
             }
@@ -338,7 +352,10 @@ pub fn run(config: &SimConfig) -> Outcome {
         seed: config.seed,
         events: recorder.take(),
     };
-    let verdict = check::judge(&history, nemesis.healed_at_us(), end_us);
+    let mut verdict = check::judge(&history, nemesis.healed_at_us(), end_us);
+    verdict
+        .violations
+        .extend(applied.lock().expect("poisoned").divergences());
     Outcome {
         seed: config.seed,
         history,

@@ -1,6 +1,7 @@
-//! The faults of a run, drawn from its seed: node crashes (with torn writes),
-//! partitions, slow links. Client pauses are the clients' own
-//! ([`crate::workload::Plan::pauses`]).
+//! The faults of a run, drawn from its seed: node crashes (half of them aimed
+//! between a log write and its sync, some leaving torn writes), blackouts of
+//! every node at once, partitions, slow links. Client pauses are the clients'
+//! own ([`crate::workload::Plan::pauses`]).
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -142,8 +142,12 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                 rec.record(id, EventKind::ReleaseInvoke { lock: lock.clone() });
                 match guard.release().await {
                     Ok(()) => rec.record(id, EventKind::ReleaseOk { lock }),
-                    Err(ClientError::SessionExpired) => client = None,
-                    Err(_) => {}
+                    // Whether it still holds the lock is unknown: a retry with
+                    // the same session would get the same grant back (an
+                    // acquire of a lock the session holds returns its grant),
+                    // which the history could not tell from a second grant.
+                    // Start over with a new session, as an application would.
+                    Err(_) => client = None,
                 }
             }
             Err(ClientError::SessionExpired | ClientError::GrantTooLate) => {

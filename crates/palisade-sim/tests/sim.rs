@@ -83,7 +83,7 @@ fn an_append_acknowledged_before_its_fsync_is_caught() {
         ack_before_sync: true,
         ..Planted::default()
     };
-    let seed = caught(planted, "crash,torn,blackout", 40);
+    let seed = caught(planted, "crash,torn,blackout", 200);
     println!("ack-before-sync caught by seed {seed}");
 }
 
@@ -93,6 +93,6 @@ fn a_new_leader_that_skips_restarting_countdowns_is_caught() {
         no_lease_restart: true,
         ..Planted::default()
     };
-    let seed = caught(planted, "crash,partition,pause", 40);
+    let seed = caught(planted, "crash,partition,pause", 200);
     println!("no-lease-restart caught by seed {seed}");
 }

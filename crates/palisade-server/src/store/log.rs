@@ -141,6 +141,39 @@ impl LogStore {
         for record in records {
             mem.replay(record)?;
         }
+        // A node never resumes leadership after a restart: it campaigns again.
+        // openraft sends a leader's entries to the followers while its own
+        // fsync runs (counting itself only once that is done), so a leader can
+        // crash having lost entries a follower already holds. Resumed as leader
+        // of the same term (which openraft does for a committed vote of its
+        // own), it would write other entries at those indices in that term,
+        // and the follower, seeing the same term and index, would keep its
+        // own: two nodes applying different entries at one index (found by
+        // `palisade sim`). As a voter that merely voted for itself, it must
+        // win a new term, whose entries replace any the followers hold.
+        if let Some(vote) = mem.vote.as_mut()
+            && vote.committed
+        {
+            vote.committed = false;
+        }
+        {
+            let first = mem.entries.keys().next().copied();
+            let last = mem.entries.keys().next_back().copied();
+            let count = mem.entries.len() as u64;
+            let contiguous = match (first, last) {
+                (Some(f), Some(l)) => l - f + 1 == count,
+                _ => true,
+            };
+            tracing::debug!(
+                ?first,
+                ?last,
+                count,
+                contiguous,
+                purged = ?mem.last_purged.map(|l| l.index),
+                committed = ?mem.committed.map(|l| l.index),
+                "log replayed"
+            );
+        }
         let fsync = crate::metrics::latency_histogram(
             "palisade_log_fsync_duration_seconds",
             "Time to write one batch of log records and fdatasync it.",

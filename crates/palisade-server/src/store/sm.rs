@@ -42,7 +42,9 @@ pub enum WaitEnd {
 
 /// A waiter's "the lock is yours" channel, registered before its acquire is
 /// proposed so that a grant applied in between cannot be missed.
-type GrantSender = oneshot::Sender<WaitEnd>;
+/// A registered wait: the first log index whose entries may answer it, and
+/// where the answer goes.
+type GrantSender = (u64, oneshot::Sender<WaitEnd>);
 
 /// State shared between the state machine (writer) and the gRPC services
 /// (readers, waiters).
@@ -161,13 +163,24 @@ impl Shared {
         }
     }
 
-    /// Registers interest in a grant of `name` to `session`.
-    pub fn watch_grant(&self, session: SessionId, name: &str) -> oneshot::Receiver<WaitEnd> {
+    /// Registers interest in a grant of `name` to `session` made by an entry
+    /// at index `from` or later.
+    ///
+    /// `from` must be above every entry already in the log: a node may still be
+    /// applying older entries (after a restart, or as a new leader that has not
+    /// caught up), and an old entry that granted `name` to the same session
+    /// long ago — a grant since released — must not answer today's call.
+    pub fn watch_grant(
+        &self,
+        session: SessionId,
+        name: &str,
+        from: u64,
+    ) -> oneshot::Receiver<WaitEnd> {
         let (tx, rx) = oneshot::channel();
         self.waiters
             .lock()
             .expect("poisoned")
-            .insert((session, name.to_owned()), tx);
+            .insert((session, name.to_owned()), (from, tx));
         rx
     }
 
@@ -185,20 +198,26 @@ impl Shared {
         }
         let mut waiters = self.waiters.lock().expect("poisoned");
         for g in grants {
-            if let Some(tx) = waiters.remove(&(g.session, g.name.clone())) {
+            let key = (g.session, g.name.clone());
+            // The token is the index of the entry that made the grant.
+            if waiters
+                .get(&key)
+                .is_some_and(|(from, _)| g.token.get() >= *from)
+                && let Some((_, tx)) = waiters.remove(&key)
+            {
                 let _ = tx.send(WaitEnd::Granted(g.token));
             }
         }
     }
 
     /// Answers the call waiting for `name` in `session`, if any: its wait was
-    /// cancelled, so it ends now instead of when its own wait runs out.
-    fn cancel_waiter(&self, session: SessionId, name: &str) {
-        if let Some(tx) = self
-            .waiters
-            .lock()
-            .expect("poisoned")
-            .remove(&(session, name.to_owned()))
+    /// cancelled (by the entry at `index`), so it ends now instead of when its
+    /// own wait runs out. An older cancellation, applied late, ends nothing.
+    fn cancel_waiter(&self, session: SessionId, name: &str, index: u64) {
+        let mut waiters = self.waiters.lock().expect("poisoned");
+        let key = (session, name.to_owned());
+        if waiters.get(&key).is_some_and(|(from, _)| index >= *from)
+            && let Some((_, tx)) = waiters.remove(&key)
         {
             let _ = tx.send(WaitEnd::Cancelled);
         }
@@ -303,6 +322,16 @@ impl StateMachineStore {
     /// no lock is held across an await) and says what it produced.
     fn apply_one(&self, entry: Entry, sessions_changed: &mut bool) -> EntryResponse {
         let index = entry.log_id.index;
+        if let Some(observe) = &self.io.on_apply {
+            use std::hash::{Hash, Hasher};
+            // A digest that does not depend on the process: the entry's JSON
+            // through a hasher with fixed keys.
+            let mut digest = std::hash::DefaultHasher::new();
+            serde_json::to_vec(&entry.payload)
+                .unwrap_or_default()
+                .hash(&mut digest);
+            (observe.0)(index, entry.log_id.leader_id.term, digest.finish());
+        }
         // The machine lock is held until last_applied is updated too, so a
         // snapshot never pairs a machine state with another entry's log id.
         let mut machine = self.shared.machine.write().expect("poisoned");
@@ -372,7 +401,7 @@ impl StateMachineStore {
                 let mut events = Vec::new();
                 for (i, a) in applied.iter().enumerate() {
                     if let (Ok(_), Some(Some((session, name)))) = (&a.outcome, cancels.get(i)) {
-                        self.shared.cancel_waiter(*session, name);
+                        self.shared.cancel_waiter(*session, name, index);
                     }
                     match &a.outcome {
                         Ok(Reply::SessionCreated { session }) => {
@@ -694,5 +723,46 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             meta,
             snapshot: Cursor::new(stored.data),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(session: u64, name: &str, token: u64) -> Grant {
+        Grant {
+            name: name.into(),
+            session: SessionId(session),
+            token: FencingToken::new(token).expect("nonzero"),
+        }
+    }
+
+    #[test]
+    fn an_old_grant_applied_late_does_not_answer_a_newer_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = StateMachineStore::open(dir.path()).unwrap().shared();
+        // The call registered when the log ended at 40: the grant of the same
+        // lock to the same session by entry 12 (re-applied after a restart) is
+        // not its answer; the grant by entry 41 is.
+        let mut rx = shared.watch_grant(SessionId(7), "db", 41);
+        shared.deliver(&[grant(7, "db", 12)]);
+        assert!(rx.try_recv().is_err(), "still waiting");
+        shared.cancel_waiter(SessionId(7), "db", 30);
+        assert!(rx.try_recv().is_err(), "an old cancellation ends nothing");
+        shared.deliver(&[grant(7, "db", 41)]);
+        match rx.try_recv() {
+            Ok(WaitEnd::Granted(token)) => assert_eq!(token.get(), 41),
+            other => panic!("expected the grant of entry 41, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_cancellation_after_the_wait_began_ends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = StateMachineStore::open(dir.path()).unwrap().shared();
+        let mut rx = shared.watch_grant(SessionId(7), "db", 41);
+        shared.cancel_waiter(SessionId(7), "db", 45);
+        assert!(matches!(rx.try_recv(), Ok(WaitEnd::Cancelled)));
     }
 }
