@@ -462,8 +462,8 @@ impl Locks for Api {
         // log's current end can answer it: this node may still be applying
         // older ones (after a restart, or as a leader not yet caught up), and
         // an old grant of this lock to this session must not answer this call
-        // (found by `palisade sim`: a client got back a token it had released
-        // long before, while the lock was another's).
+        // (a race found while chasing a `palisade sim` failure in which a
+        // client got back a token it had released long before).
         let from = (self.last_log_index)() + 1;
         let granted = self.shared.watch_grant(session, &r.name, from);
         let guard = AbandonedWait {
