@@ -117,7 +117,12 @@ fn a_log_in_the_older_redb_format_is_moved_and_loads() {
         assert!(!legacy.exists(), "the redb file is deleted once moved");
         // The leader's committed vote comes back as a plain vote for itself:
         // a restarted node campaigns again rather than resume its term.
-        assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(2, 1)));
+        assert!(vote.committed);
+        let as_candidate = Vote {
+            leader_id: vote.leader_id,
+            committed: false,
+        };
+        assert_eq!(log.read_vote().await.unwrap(), Some(as_candidate));
         assert_eq!(log.read_committed().await.unwrap(), Some(committed));
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id, Some(purged));
