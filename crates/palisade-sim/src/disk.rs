@@ -111,17 +111,6 @@ impl SimDisk {
         }
         lost
     }
-
-    /// The paths of every file on the disk.
-    pub fn files(&self) -> Vec<PathBuf> {
-        self.state
-            .lock()
-            .expect("poisoned")
-            .files
-            .keys()
-            .cloned()
-            .collect()
-    }
 }
 
 #[derive(Debug)]
