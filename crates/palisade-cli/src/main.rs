@@ -58,6 +58,7 @@ fn init_logging(format: LogFormat, quiet: bool) {
         });
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_timer(SimulatedOrWall)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => logs.json().with_current_span(false).init(),
@@ -67,6 +68,19 @@ fn init_logging(format: LogFormat, quiet: bool) {
             // Module paths help whoever turned on PALISADE_LOG; others read words.
             .with_target(std::env::var_os("PALISADE_LOG").is_some())
             .init(),
+    }
+}
+
+/// Stamps log lines with the simulated clock inside `palisade sim` (so that a
+/// replay's lines match the original's, line for line), the wall clock elsewhere.
+struct SimulatedOrWall;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimulatedOrWall {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match palisade_harness::sim::simulated_time() {
+            Some(t) => write!(w, "sim+{:.6}s", t.as_secs_f64()),
+            None => tracing_subscriber::fmt::time::SystemTime.format_time(w),
+        }
     }
 }
 

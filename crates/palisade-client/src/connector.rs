@@ -1,6 +1,6 @@
 //! Finding and following the leader.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,7 +36,9 @@ pub(crate) struct Connector {
     endpoints: Mutex<Vec<String>>,
     /// The address that answered last, or that a follower named as leader.
     leader: Mutex<Option<String>>,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// Ordered, so that the connections close in one order when the client is
+    /// dropped (a simulation's replay sends the same packets in the same order).
+    channels: Mutex<BTreeMap<String, Channel>>,
     pub rpc_timeout: Duration,
     pub retry_for: Duration,
     /// Rotates through endpoints when no leader is known.
@@ -80,7 +82,7 @@ impl Connector {
         Ok(Connector {
             endpoints: Mutex::new(config.endpoints.clone()),
             leader: Mutex::new(None),
-            channels: Mutex::new(HashMap::new()),
+            channels: Mutex::new(BTreeMap::new()),
             rpc_timeout: config.rpc_timeout,
             retry_for: config.retry_for,
             next: Mutex::new(0),

@@ -12,6 +12,13 @@ use palisade_sim::{FaultSet, OutcomeLine, Planted, SimConfig};
 
 use crate::exit;
 
+/// The simulated time since the start of the running simulation, if this
+/// thread is inside one (log lines of a simulation are stamped with it, so a
+/// replay's lines match the original's).
+pub fn simulated_time() -> Option<Duration> {
+    palisade_sim::simulated_time()
+}
+
 /// A bug to plant on purpose (`--plant`), to watch the simulator catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlantArg {

@@ -113,6 +113,9 @@ pub struct Io {
     /// digest of its content — so that a simulator can check that every node
     /// applies the same entry at each index. `None` in production.
     pub on_apply: Option<ApplyObserver>,
+    /// Where new sessions' keys come from (a simulator seeds it, so that a
+    /// replay mints the same keys).
+    pub session_keys: crate::security::SessionKeys,
 }
 
 /// See [`Io::on_apply`].
@@ -146,6 +149,7 @@ impl Io {
             net: None,
             planted: Planted::default(),
             on_apply: None,
+            session_keys: Default::default(),
         }
     }
 
@@ -158,6 +162,7 @@ impl Io {
             net: Some(net),
             planted: Planted::default(),
             on_apply: None,
+            session_keys: Default::default(),
         }
     }
 

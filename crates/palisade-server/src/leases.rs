@@ -14,7 +14,7 @@
 //! that the leader's clock does not run much faster than the client's; the
 //! client's safety margin covers that.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,9 @@ struct Tracked {
     /// The deadlines of the sessions not already expiring, in order.
     due: BTreeSet<(Instant, SessionId)>,
     /// Locks in lock-delay: the index the delay began at, and when it ends.
-    delays: HashMap<String, (u64, Instant)>,
+    /// Ordered, so that delays ending together are proposed in one order on
+    /// every run (a seed replays the same log).
+    delays: BTreeMap<String, (u64, Instant)>,
 }
 
 impl Tracked {

@@ -349,6 +349,7 @@ pub async fn run_on(
         gatekeeper.clone(),
     )
     .with_commit_clock(commit_clock)
+    .with_session_keys(io.session_keys.clone())
     .with_last_log_index(Arc::new(move || last_log.last_index()));
     tracing::debug!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
     let limits = config.security.limits;

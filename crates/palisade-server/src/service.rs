@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status};
 use crate::leader_check::LeaderCheck;
 use crate::leases::{KeepAliveError, LeaseKeeper};
 use crate::proposer::{ProposeError, Proposer};
-use crate::security::{Caller, Gatekeeper, new_session_key, same_secret, session_key_digest};
+use crate::security::{Caller, Gatekeeper, SessionKeys, same_secret, session_key_digest};
 use crate::store::sm::{Shared, WaitEnd};
 use crate::typ::{NodeAddr, NodeId, Raft, default_peer_addr};
 
@@ -53,6 +53,8 @@ pub struct Api {
     gatekeeper: Arc<Gatekeeper>,
     /// Append-to-applied times of this node's log, for `Status`.
     commit_clock: Option<Arc<crate::commit_clock::CommitClock>>,
+    /// Mints the key each new session gets.
+    session_keys: SessionKeys,
 }
 
 impl Api {
@@ -82,7 +84,16 @@ impl Api {
             read_floor_reached: Arc::new(std::sync::atomic::AtomicBool::new(read_floor.1 == 0)),
             gatekeeper,
             commit_clock: None,
+            session_keys: SessionKeys::default(),
         }
+    }
+
+    /// Mints session keys from `keys` (the operating system's generator
+    /// otherwise).
+    #[must_use]
+    pub fn with_session_keys(mut self, keys: SessionKeys) -> Self {
+        self.session_keys = keys;
+        self
     }
 
     /// Reports `clock`'s percentiles in `Status`.
@@ -365,7 +376,7 @@ impl Locks for Api {
         let caller = self.gatekeeper.admit(&req)?;
         caller.may_hold_sessions()?;
         let r = req.into_inner();
-        let key = new_session_key();
+        let key = self.session_keys.mint();
         let command = Command::CreateSession {
             ttl_ms: r.ttl_ms,
             label: r.label,

@@ -144,7 +144,9 @@ pub struct StatusSource {
     tls: Option<ClientTlsConfig>,
     io: crate::io::Io,
     /// One channel per member, made on first use.
-    peers: Mutex<HashMap<NodeId, (String, RaftClient<Channel>)>>,
+    /// Ordered: connections close in one order when the node stops (a
+    /// simulation's replay sends the same packets in the same order).
+    peers: Mutex<BTreeMap<NodeId, (String, RaftClient<Channel>)>>,
 }
 
 impl StatusSource {

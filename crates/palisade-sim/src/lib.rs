@@ -192,7 +192,12 @@ impl Recorder {
 
 /// Simulated time since the start of the run, in microseconds.
 pub fn sim_now_us() -> u64 {
-    turmoil::sim_elapsed().map_or(0, |d| d.as_micros() as u64)
+    simulated_time().map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Simulated time since the start of the run, if this thread is inside one.
+pub fn simulated_time() -> Option<Duration> {
+    turmoil::sim_elapsed()
 }
 
 fn node_name(id: u64) -> String {
@@ -286,9 +291,17 @@ pub fn run(config: &SimConfig) -> Outcome {
             join: false,
             metrics_listen: None,
         };
+        // Each start of the node mints session keys from its own seed, so a
+        // replay mints the same keys and a restart does not repeat them.
+        let starts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seed = config.seed;
         sim.host(node_name(id), move || {
             let mut io = Io::simulated(Arc::new(disk.clone()), Arc::new(net::SimNet));
             io.planted = planted;
+            let start = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            io.session_keys = palisade_server::security::SessionKeys::seeded(
+                seed ^ (id << 48) ^ (start << 32) ^ 0x5e55_10e5,
+            );
             let applied = applied.clone();
             io.on_apply = Some(palisade_server::io::ApplyObserver(Arc::new(
                 move |index, term, digest| {

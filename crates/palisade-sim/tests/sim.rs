@@ -41,6 +41,63 @@ fn one_seed_gives_one_history_byte_for_byte() {
     assert_ne!(json(&first), json(&other), "another seed, another history");
 }
 
+/// Set in the child processes of [`histories_match_across_processes`]: the
+/// number of seeds to run and print.
+const PRINT_SEEDS: &str = "PALISADE_SIM_TEST_PRINT_SEEDS";
+
+/// Prints one line per seed, `history <seed> <json>` — only as the child of
+/// [`histories_match_across_processes`]; on its own it does nothing.
+#[test]
+fn child_prints_histories() {
+    let Some(seeds) = std::env::var(PRINT_SEEDS)
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    else {
+        return;
+    };
+    for seed in 1..=seeds {
+        println!("history {seed} {}", json(&run(&config(seed, "all"))));
+    }
+}
+
+/// Two processes hash with different random keys and lay memory out
+/// differently; a history that depends on either (a hash map's order deciding
+/// which connection closes first, an unseeded generator) differs between them,
+/// where two runs in one process can agree by chance.
+#[test]
+fn histories_match_across_processes() {
+    const SEEDS: u64 = 16;
+    let child = || {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "child_prints_histories",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(PRINT_SEEDS, SEEDS.to_string())
+            .output()
+            .expect("child test process");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .lines()
+            // The test harness may print its own words in front on the same line.
+            .filter_map(|l| l.find("history ").map(|at| l[at..].to_owned()))
+            .collect::<Vec<_>>()
+    };
+    let (first, second) = (child(), child());
+    assert_eq!(first.len() as u64, SEEDS, "every seed printed");
+    for (a, b) in first.iter().zip(&second) {
+        let seed = a.split(' ').nth(1).unwrap_or("?");
+        assert!(a == b, "seed {seed}: two processes, two histories");
+    }
+}
+
 #[test]
 fn a_cluster_without_faults_grants_in_token_order_and_passes() {
     let out = run(&config(3, "none"));

@@ -113,9 +113,40 @@ pub fn session_key_digest(key: &[u8]) -> String {
     hex::encode(Sha256::digest(key))
 }
 
-/// A fresh session key: 128 bits from the OS's generator.
-pub fn new_session_key() -> Vec<u8> {
-    rand::random::<[u8; 16]>().to_vec()
+/// Where session keys come from: the operating system's generator in
+/// production; a seeded generator under the deterministic simulator, whose
+/// replays must mint the same keys (a key's digest is part of the log).
+#[derive(Clone, Default)]
+pub struct SessionKeys(Option<Arc<Mutex<rand::rngs::StdRng>>>);
+
+impl SessionKeys {
+    /// Keys from a generator seeded with `seed`: for simulation only, since
+    /// anyone who knows the seed knows every key.
+    pub fn seeded(seed: u64) -> Self {
+        use rand::SeedableRng;
+        SessionKeys(Some(Arc::new(Mutex::new(
+            rand::rngs::StdRng::seed_from_u64(seed),
+        ))))
+    }
+
+    /// A fresh session key of 128 bits.
+    pub fn mint(&self) -> Vec<u8> {
+        use rand::Rng;
+        match &self.0 {
+            None => rand::random::<[u8; 16]>().to_vec(),
+            Some(rng) => rng.lock().expect("poisoned").random::<[u8; 16]>().to_vec(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "SessionKeys(seeded)"
+        } else {
+            "SessionKeys(os)"
+        })
+    }
 }
 
 /// Compares without an early exit, so the time taken does not tell how much of
@@ -441,10 +472,14 @@ mod tests {
 
     #[test]
     fn session_keys_are_fresh_and_digests_stable() {
-        let (a, b) = (new_session_key(), new_session_key());
+        let keys = SessionKeys::default();
+        let (a, b) = (keys.mint(), keys.mint());
         assert_eq!(a.len(), 16);
         assert_ne!(a, b);
         assert_eq!(session_key_digest(&a), session_key_digest(&a));
         assert_eq!(session_key_digest(&a).len(), 64);
+        let (x, y) = (SessionKeys::seeded(5), SessionKeys::seeded(5));
+        assert_eq!((x.mint(), x.mint()), (y.mint(), y.mint()));
+        assert_ne!(SessionKeys::seeded(6).mint(), SessionKeys::seeded(5).mint());
     }
 }

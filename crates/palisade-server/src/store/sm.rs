@@ -322,6 +322,7 @@ impl StateMachineStore {
     /// no lock is held across an await) and says what it produced.
     fn apply_one(&self, entry: Entry, sessions_changed: &mut bool) -> EntryResponse {
         let index = entry.log_id.index;
+        tracing::trace!(index, term = entry.log_id.leader_id.term, payload = ?entry.payload, "applying");
         if let Some(observe) = &self.io.on_apply {
             use std::hash::{Hash, Hasher};
             // A digest that does not depend on the process: the entry's JSON
