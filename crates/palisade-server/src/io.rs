@@ -98,6 +98,42 @@ pub trait Net: Send + Sync + Debug {
     fn connect(&self, authority: String) -> NetFuture<'static, Box<dyn Conn>>;
 }
 
+/// What becomes of one Raft message between two nodes. Production delivers
+/// every message (TCP does the rest); a simulator decides per message, to test
+/// the Raft layer against what TCP would otherwise hide: messages lost,
+/// repeated, overtaken by later ones, or heard in one direction only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageFate {
+    /// Sent once, its reply returned.
+    Deliver,
+    /// Never arrives; the sender hears nothing until its call times out.
+    LoseRequest,
+    /// Arrives and is acted on, but the reply is lost: the sender times out.
+    LoseReply,
+    /// Arrives, and a copy of it arrives again after this long (its reply
+    /// ignored), after messages sent later.
+    Duplicate(Duration),
+    /// Held this long before it is sent, so later messages can overtake it.
+    Delay(Duration),
+}
+
+/// Decides each Raft message's [`MessageFate`] (see [`Io::message_fates`]).
+pub trait MessageFates: Send + Sync {
+    /// The fate of a message of `kind` (`append`, `vote`, `snapshot`) from
+    /// node `from` to node `to`.
+    fn fate(&self, from: u64, to: u64, kind: &'static str) -> MessageFate;
+}
+
+/// See [`Io::message_fates`].
+#[derive(Clone)]
+pub struct MessageFatesHook(pub Arc<dyn MessageFates>);
+
+impl Debug for MessageFatesHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MessageFates")
+    }
+}
+
 /// The node's disk and network and how it runs blocking work. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Io {
@@ -116,11 +152,27 @@ pub struct Io {
     /// Where new sessions' keys come from (a simulator seeds it, so that a
     /// replay mints the same keys).
     pub session_keys: crate::security::SessionKeys,
+    /// Decides the fate of each Raft message this node sends (a simulator's
+    /// lossy links); `None` in production: every message is delivered.
+    pub message_fates: Option<MessageFatesHook>,
+}
+
+/// One entry a node applied, as an [`ApplyObserver`] is told of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppliedEntry {
+    /// The entry's log index.
+    pub index: u64,
+    /// The term of the leader that wrote it.
+    pub term: u64,
+    /// The node that led that term.
+    pub leader: u64,
+    /// A digest of its content that does not depend on the process.
+    pub digest: u64,
 }
 
 /// See [`Io::on_apply`].
 #[derive(Clone)]
-pub struct ApplyObserver(pub Arc<dyn Fn(u64, u64, u64) + Send + Sync>);
+pub struct ApplyObserver(pub Arc<dyn Fn(AppliedEntry) + Send + Sync>);
 
 impl Debug for ApplyObserver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -150,6 +202,7 @@ impl Io {
             planted: Planted::default(),
             on_apply: None,
             session_keys: Default::default(),
+            message_fates: None,
         }
     }
 
@@ -163,6 +216,7 @@ impl Io {
             planted: Planted::default(),
             on_apply: None,
             session_keys: Default::default(),
+            message_fates: None,
         }
     }
 

@@ -36,6 +36,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
 
+use crate::io::{MessageFate, MessageFatesHook};
 use crate::security::PeerCheck;
 use crate::security::conn::CallGuard;
 use crate::security::identity::conn_info;
@@ -57,6 +58,8 @@ pub struct PeerFactory {
     pub tls: Option<ClientTlsConfig>,
     /// The network the peers are on.
     pub io: crate::io::Io,
+    /// This node's id.
+    pub source: NodeId,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerFactory {
@@ -64,9 +67,11 @@ impl RaftNetworkFactory<TypeConfig> for PeerFactory {
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
         Peer {
+            source: self.source,
             target,
             client: peer_channel(&self.io, self.tls.as_ref(), target, &node.peer())
                 .map(RaftClient::new),
+            fates: self.io.message_fates.clone(),
         }
     }
 }
@@ -92,9 +97,12 @@ pub fn peer_channel(
 
 /// The connection to one peer.
 pub struct Peer {
+    source: NodeId,
     target: NodeId,
     /// `None` when the address did not parse; every RPC then reports unreachable.
     client: Option<RaftClient<Channel>>,
+    /// A simulator's lossy link; `None`: every message is delivered.
+    fates: Option<MessageFatesHook>,
 }
 
 impl Peer {
@@ -117,14 +125,28 @@ impl Peer {
             .as_mut()
             .ok_or_else(|| unreachable(format!("node {} has an unusable address", self.target)))?;
         let json = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut request = Request::new(RaftPayload { json, data });
-        request.set_timeout(ttl);
+        let payload = RaftPayload { json, data };
+        let fate = self.fates.as_ref().map_or(MessageFate::Deliver, |f| {
+            f.0.fate(self.source, self.target, kind)
+        });
+        if let MessageFate::Duplicate(after) = fate {
+            let (mut copy, payload) = (client.clone(), payload.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ignored = tokio::time::timeout(ttl, send(&mut copy, kind, payload, ttl)).await;
+            });
+        }
         let call = async {
-            match kind {
-                "append" => client.append_entries(request).await,
-                "vote" => client.vote(request).await,
-                _ => client.install_snapshot(request).await,
+            match fate {
+                MessageFate::LoseRequest => std::future::pending().await,
+                MessageFate::Delay(held) => tokio::time::sleep(held).await,
+                _ => {}
             }
+            let reply = send(client, kind, payload, ttl).await;
+            if fate == MessageFate::LoseReply {
+                std::future::pending::<()>().await;
+            }
+            reply
         };
         let reply = tokio::time::timeout(ttl, call)
             .await
@@ -133,6 +155,22 @@ impl Peer {
         let result: Result<Resp, RaftError> = serde_json::from_slice(&reply.into_inner().json)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| unreachable(format!("{kind} to node {}: {e}", self.target)))
+    }
+}
+
+/// One gRPC call of `kind` carrying `payload`.
+async fn send(
+    client: &mut RaftClient<Channel>,
+    kind: &'static str,
+    payload: RaftPayload,
+    ttl: Duration,
+) -> Result<Response<RaftPayload>, Status> {
+    let mut request = Request::new(payload);
+    request.set_timeout(ttl);
+    match kind {
+        "append" => client.append_entries(request).await,
+        "vote" => client.vote(request).await,
+        _ => client.install_snapshot(request).await,
     }
 }
 

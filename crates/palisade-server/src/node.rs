@@ -243,13 +243,15 @@ pub async fn run_on(
         why: e.to_string(),
     };
     let commit_clock = Arc::new(crate::commit_clock::CommitClock::default());
-    let log = LogStore::open_on(&config.data_dir, &io)
-        .map_err(dir_err)?
-        .with_commit_clock(commit_clock.clone());
+    // The state machine first: the log is made to agree with its snapshot.
     let sm = StateMachineStore::open_on(&config.data_dir, &io)
         .map_err(dir_err)?
         .with_commit_clock(commit_clock.clone());
     let shared = sm.shared();
+    let applied = *shared.last_applied.read().expect("poisoned");
+    let log = LogStore::open_beside(&config.data_dir, &io, applied)
+        .map_err(dir_err)?
+        .with_commit_clock(commit_clock.clone());
     let node_metrics = crate::metrics::NodeMetrics::new(
         &sm.counters(),
         commit_clock.histogram(),
@@ -281,6 +283,7 @@ pub async fn run_on(
     let peers = PeerFactory {
         tls: peer_tls.clone(),
         io: io.clone(),
+        source: config.id,
     };
     let raft = Raft::new(config.id, Arc::new(raft_config), peers, log, sm)
         .await

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use palisade_chaos::{EventKind, History, Report};
+use palisade_server::io::AppliedEntry;
 
 /// How long after the last fault healed the cluster may take to serve again
 /// (an election, every node catching up, leases restarted at full length).
@@ -17,11 +18,22 @@ pub const RECOVERY_US: u64 = 6_000_000;
 pub struct Applied {
     first: BTreeMap<u64, (u64, u64, u64)>,
     divergent: Vec<String>,
+    /// The highest term seen in an applied entry, and the node that led it.
+    latest_leader: Option<(u64, u64)>,
 }
 
 impl Applied {
-    /// Node `node` applied the entry of `term` with `digest` at `index`.
-    pub fn record(&mut self, node: u64, index: u64, term: u64, digest: u64) {
+    /// Node `node` applied `entry`.
+    pub fn record(&mut self, node: u64, entry: AppliedEntry) {
+        let AppliedEntry {
+            index,
+            term,
+            leader,
+            digest,
+        } = entry;
+        if self.latest_leader.is_none_or(|(t, _)| term > t) {
+            self.latest_leader = Some((term, leader));
+        }
         match self.first.get(&index) {
             None => {
                 self.first.insert(index, (term, digest, node));
@@ -34,6 +46,12 @@ impl Applied {
             }
             Some(_) => {}
         }
+    }
+
+    /// The node that led the highest term any node has applied an entry of:
+    /// the leader, as far as the applied log tells.
+    pub fn latest_leader(&self) -> Option<u64> {
+        self.latest_leader.map(|(_, node)| node)
     }
 
     /// The divergences found.

@@ -10,6 +10,8 @@
 //!   at once), a restart runs the node's software again on the same disk.
 //! - [`disk::SimDisk`] keeps what was synced apart from what was only written; a
 //!   crash keeps only the first (or, torn, part of the rest).
+//! - [`links::Links`] decides, one Raft message at a time, what TCP would hide:
+//!   messages lost, repeated, overtaken, or heard in one direction only.
 //! - The server reaches both through `palisade_server::io` — the same code paths
 //!   as production, with blocking work run in line. openraft's random source is
 //!   seeded ([`palisade_server::runtime::seed_thread_rng`]), and tokio's (the
@@ -21,6 +23,7 @@
 
 pub mod check;
 pub mod disk;
+pub mod links;
 pub mod nemesis;
 pub mod net;
 pub mod workload;
@@ -267,6 +270,7 @@ pub fn run(config: &SimConfig) -> Outcome {
     let mut disks = BTreeMap::new();
     // Every node's applied entries: index → (term, digest, first node).
     let applied: Arc<std::sync::Mutex<check::Applied>> = Arc::default();
+    let links = Arc::new(links::Links::new(config.seed ^ 0x006c_696e_6b73));
     for id in 1..=config.nodes as u64 {
         let disk = disk::SimDisk::new(
             config.seed ^ (id << 32),
@@ -276,6 +280,7 @@ pub fn run(config: &SimConfig) -> Outcome {
         disks.insert(id, disk.clone());
         let planted = config.planted;
         let applied = applied.clone();
+        let links = links.clone();
         let server = ServerConfig {
             id,
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), CLIENT_PORT),
@@ -303,14 +308,10 @@ pub fn run(config: &SimConfig) -> Outcome {
                 seed ^ (id << 48) ^ (start << 32) ^ 0x5e55_10e5,
             );
             let applied = applied.clone();
-            io.on_apply = Some(palisade_server::io::ApplyObserver(Arc::new(
-                move |index, term, digest| {
-                    applied
-                        .lock()
-                        .expect("poisoned")
-                        .record(id, index, term, digest);
-                },
-            )));
+            io.on_apply = Some(palisade_server::io::ApplyObserver(Arc::new(move |entry| {
+                applied.lock().expect("poisoned").record(id, entry)
+            })));
+            io.message_fates = Some(palisade_server::io::MessageFatesHook(links.clone()));
             let server = server.clone();
             async move {
                 run_on(server, io, std::future::pending(), || {})
@@ -343,6 +344,8 @@ pub fn run(config: &SimConfig) -> Outcome {
         SmallRng::seed_from_u64(config.seed ^ 0x006e_656d_6573_6973),
         config,
         disks,
+        links,
+        applied.clone(),
     );
     let mut aborted = None;
     loop {

@@ -1,7 +1,9 @@
 //! The faults of a run, drawn from its seed: node crashes (half of them aimed
 //! between a log write and its sync, some leaving torn writes), blackouts of
-//! every node at once, partitions, slow links. Client pauses are the clients'
-//! own ([`crate::workload::Plan::pauses`]).
+//! every node at once, partitions (half of them of the leader, while clients
+//! keep their sessions alive through it), one-way partitions, slow links, and
+//! links that lose, repeat or reorder Raft messages. Client pauses are the
+//! clients' own ([`crate::workload::Plan::pauses`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,7 +13,11 @@ use palisade_chaos::EventKind;
 use rand::Rng;
 use rand::rngs::SmallRng;
 
+use std::sync::{Arc, Mutex};
+
+use crate::check::Applied;
 use crate::disk::SimDisk;
+use crate::links::{Flaky, Links};
 use crate::{Recorder, SimConfig, node_name};
 
 /// How long the cluster has to form before the first fault.
@@ -28,21 +34,35 @@ pub enum Fault {
     /// cut), then all restart.
     Blackout,
     /// A node's links to the other nodes are held (nothing gets through,
-    /// nothing is lost), then released.
+    /// nothing is lost), then released. Half of these isolate the leader.
     Partition,
+    /// One direction only: a node hears no other node, or no other node hears
+    /// it, or one node does not hear one other. Requests into the deaf
+    /// direction are lost; calls the other way arrive and their replies are lost.
+    OneWay,
     /// One link between two nodes becomes slow (up to 300 ms per message).
     Delay,
+    /// One link loses a quarter of its Raft messages (requests or replies).
+    Loss,
+    /// One link delivers a quarter of its Raft messages twice, the copy late.
+    Dup,
+    /// One link holds a third of its Raft messages, so later ones overtake.
+    Reorder,
     /// A client stops looking at its guard for twice its lease.
     ClientPause,
 }
 
 impl Fault {
-    const ALL: [Fault; 6] = [
+    const ALL: [Fault; 10] = [
         Fault::Crash,
         Fault::Torn,
         Fault::Blackout,
         Fault::Partition,
+        Fault::OneWay,
         Fault::Delay,
+        Fault::Loss,
+        Fault::Dup,
+        Fault::Reorder,
         Fault::ClientPause,
     ];
 
@@ -53,7 +73,11 @@ impl Fault {
             Fault::Torn => "torn",
             Fault::Blackout => "blackout",
             Fault::Partition => "partition",
+            Fault::OneWay => "oneway",
             Fault::Delay => "delay",
+            Fault::Loss => "loss",
+            Fault::Dup => "dup",
+            Fault::Reorder => "reorder",
             Fault::ClientPause => "pause",
         }
     }
@@ -61,7 +85,7 @@ impl Fault {
 
 /// A set of [`Fault`]s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FaultSet(u8);
+pub struct FaultSet(u16);
 
 impl FaultSet {
     /// No faults at all.
@@ -125,9 +149,31 @@ impl fmt::Display for FaultSet {
 /// A fault in effect, and when it ends.
 #[derive(Debug)]
 enum Active {
-    Crashed { node: u64, until_us: u64 },
-    Held { node: u64, until_us: u64 },
-    Slow { a: u64, b: u64, until_us: u64 },
+    Crashed {
+        node: u64,
+        until_us: u64,
+    },
+    Held {
+        node: u64,
+        until_us: u64,
+    },
+    /// `(from, to)` directions that do not carry Raft messages; `node` is the
+    /// one the fault is about.
+    Deaf {
+        node: u64,
+        directions: Vec<(u64, u64)>,
+        until_us: u64,
+    },
+    Slow {
+        a: u64,
+        b: u64,
+        until_us: u64,
+    },
+    Flaky {
+        a: u64,
+        b: u64,
+        until_us: u64,
+    },
 }
 
 impl Active {
@@ -135,7 +181,19 @@ impl Active {
         match self {
             Active::Crashed { until_us, .. }
             | Active::Held { until_us, .. }
-            | Active::Slow { until_us, .. } => *until_us,
+            | Active::Deaf { until_us, .. }
+            | Active::Slow { until_us, .. }
+            | Active::Flaky { until_us, .. } => *until_us,
+        }
+    }
+
+    /// The node this fault takes down or cuts off, if it does.
+    fn node_out(&self) -> Option<u64> {
+        match self {
+            Active::Crashed { node, .. }
+            | Active::Held { node, .. }
+            | Active::Deaf { node, .. } => Some(*node),
+            Active::Slow { .. } | Active::Flaky { .. } => None,
         }
     }
 }
@@ -146,6 +204,8 @@ pub struct Nemesis {
     faults: FaultSet,
     nodes: u64,
     disks: BTreeMap<u64, SimDisk>,
+    links: Arc<Links>,
+    applied: Arc<Mutex<Applied>>,
     start_us: u64,
     end_us: u64,
     next_us: u64,
@@ -171,8 +231,15 @@ fn us(d: Duration) -> u64 {
 }
 
 impl Nemesis {
-    /// The nemesis of `config`'s run over `disks` (one per node).
-    pub fn new(rng: SmallRng, config: &SimConfig, disks: BTreeMap<u64, SimDisk>) -> Nemesis {
+    /// The nemesis of `config`'s run over `disks` (one per node) and the
+    /// nodes' `links`; `applied` tells it who leads.
+    pub fn new(
+        rng: SmallRng,
+        config: &SimConfig,
+        disks: BTreeMap<u64, SimDisk>,
+        links: Arc<Links>,
+        applied: Arc<Mutex<Applied>>,
+    ) -> Nemesis {
         let start_us = us(SETTLE);
         let end_us = start_us + us(config.fault_window);
         Nemesis {
@@ -180,6 +247,8 @@ impl Nemesis {
             faults: config.faults,
             nodes: config.nodes as u64,
             disks,
+            links,
+            applied,
             start_us,
             end_us,
             next_us: start_us,
@@ -244,7 +313,11 @@ impl Nemesis {
         let choices: Vec<Fault> = [
             Fault::Crash,
             Fault::Partition,
+            Fault::OneWay,
             Fault::Delay,
+            Fault::Loss,
+            Fault::Dup,
+            Fault::Reorder,
             Fault::Blackout,
         ]
         .into_iter()
@@ -254,23 +327,39 @@ impl Nemesis {
             return;
         }
         let fault = choices[self.rng.random_range(0..choices.len())];
-        let node = self.rng.random_range(1..=self.nodes);
+        let mut node = self.rng.random_range(1..=self.nodes);
         let lasts = self.rng.random_range(200_000..3_000_000);
-        let busy = |n: u64| {
-            self.active.iter().any(|a| match a {
-                Active::Crashed { node, .. } | Active::Held { node, .. } => *node == n,
-                Active::Slow { .. } => false,
-            })
-        };
+        let mut leader = false;
+        if fault == Fault::Partition && self.rng.random_bool(0.5) {
+            // Cut the leader off while the clients, which still reach it, keep
+            // their sessions alive through it.
+            if let Some(l) = self.applied.lock().expect("poisoned").latest_leader() {
+                (node, leader) = (l, true);
+            }
+        }
+        let busy = |n: u64| self.active.iter().any(|a| a.node_out() == Some(n));
         let down = self
             .active
             .iter()
-            .filter(|a| !matches!(a, Active::Slow { .. }))
+            .filter(|a| a.node_out().is_some())
             .count() as u64;
+        let other = {
+            let o = self.rng.random_range(1..self.nodes);
+            if o >= node { o + 1 } else { o }
+        };
+        let link_busy = self.active.iter().any(|a| match a {
+            Active::Slow { a, b, .. } | Active::Flaky { a, b, .. } => {
+                (*a, *b) == (node, other) || (*b, *a) == (node, other)
+            }
+            _ => false,
+        });
         match fault {
             // At most a minority down or cut off at once, so that the cluster
             // makes progress during the window too.
-            Fault::Crash | Fault::Partition if busy(node) || 2 * (down + 1) > self.nodes => {}
+            Fault::Crash | Fault::Partition | Fault::OneWay
+                if busy(node) || 2 * (down + 1) > self.nodes => {}
+            // One fault per link at a time: its healing must not end another's.
+            Fault::Delay | Fault::Loss | Fault::Dup | Fault::Reorder if link_busy => {}
             Fault::Crash => {
                 let torn = self.faults.contains(Fault::Torn) && self.rng.random_bool(0.5);
                 if self.rng.random_bool(0.5) {
@@ -290,7 +379,10 @@ impl Nemesis {
                 for other in (1..=self.nodes).filter(|o| *o != node) {
                     sim.hold(node_name(node), node_name(other));
                 }
-                let what = format!("isolate node {node} from the other nodes");
+                let what = format!(
+                    "isolate node {node}{} from the other nodes",
+                    if leader { " (the leader)" } else { "" }
+                );
                 rec.record_at(now, 0, EventKind::Fault { what });
                 self.active.push(Active::Held {
                     node,
@@ -298,13 +390,55 @@ impl Nemesis {
                 });
                 self.injected += 1;
             }
+            Fault::OneWay => {
+                let others = (1..=self.nodes).filter(|o| *o != node);
+                let (directions, what): (Vec<_>, _) = match self.rng.random_range(0..3) {
+                    0 => (
+                        others.map(|o| (o, node)).collect(),
+                        format!("node {node} hears no other node (they hear it)"),
+                    ),
+                    1 => (
+                        others.map(|o| (node, o)).collect(),
+                        format!("no node hears node {node} (it hears them)"),
+                    ),
+                    _ => (
+                        vec![(other, node)],
+                        format!("node {node} does not hear node {other}"),
+                    ),
+                };
+                for &(from, to) in &directions {
+                    self.links.deafen(from, to);
+                }
+                rec.record_at(now, 0, EventKind::Fault { what });
+                self.active.push(Active::Deaf {
+                    node,
+                    directions,
+                    until_us: now + lasts,
+                });
+                self.injected += 1;
+            }
             Fault::Delay => {
-                let other = (node % self.nodes) + 1;
                 let slow = Duration::from_millis(self.rng.random_range(20..300));
                 sim.set_link_max_message_latency(node_name(node), node_name(other), slow);
                 let what = format!("slow link {node}-{other} (up to {} ms)", slow.as_millis());
                 rec.record_at(now, 0, EventKind::Fault { what });
                 self.active.push(Active::Slow {
+                    a: node,
+                    b: other,
+                    until_us: now + lasts,
+                });
+                self.injected += 1;
+            }
+            Fault::Loss | Fault::Dup | Fault::Reorder => {
+                let (flaky, how) = match fault {
+                    Fault::Loss => (Flaky::Loss, "loses Raft messages"),
+                    Fault::Dup => (Flaky::Dup, "repeats Raft messages"),
+                    _ => (Flaky::Reorder, "reorders Raft messages"),
+                };
+                self.links.set_flaky(node, other, Some(flaky));
+                let what = format!("link {node}-{other} {how}");
+                rec.record_at(now, 0, EventKind::Fault { what });
+                self.active.push(Active::Flaky {
                     a: node,
                     b: other,
                     until_us: now + lasts,
@@ -396,6 +530,18 @@ impl Nemesis {
                     sim.release(node_name(node), node_name(other));
                 }
                 format!("heal node {node}")
+            }
+            Active::Deaf {
+                node, directions, ..
+            } => {
+                for (from, to) in directions {
+                    self.links.hear(from, to);
+                }
+                format!("node {node} hears and is heard again")
+            }
+            Active::Flaky { a, b, .. } => {
+                self.links.set_flaky(a, b, None);
+                format!("link {a}-{b} healthy again")
             }
             Active::Slow { a, b, .. } => {
                 sim.set_link_max_message_latency(

@@ -85,6 +85,40 @@ impl Mem {
     }
 }
 
+impl Mem {
+    /// See [`LogStore::open_beside`]: the records that empty the log down to
+    /// `applied`, already applied to `self`; `None` when the log holds
+    /// `applied` (or has purged past it) and nothing changes.
+    fn align_with_applied(&mut self, applied: Option<LogId>) -> io::Result<Option<Vec<Record>>> {
+        let Some(applied) = applied else {
+            return Ok(None);
+        };
+        let holds = self.entries.get(&applied.index).map(|e| e.log_id) == Some(applied)
+            || self.last_purged.is_some_and(|p| p.index >= applied.index);
+        if holds {
+            return Ok(None);
+        }
+        tracing::warn!(
+            applied = %applied,
+            log_last = ?self.entries.values().next_back().map(|e| e.log_id.to_string()),
+            "the log lost entries the snapshot holds; emptying it down to the snapshot"
+        );
+        let purged = serde_json::to_vec(&applied).map_err(io_err)?;
+        let committed = serde_json::to_vec(&Some(applied)).map_err(io_err)?;
+        self.entries.clear();
+        self.last_purged = Some(applied);
+        self.committed = Some(applied);
+        Ok(Some(vec![
+            Record::TruncateFrom(0),
+            Record::Purged {
+                index: applied.index,
+                bytes: purged,
+            },
+            Record::Committed(committed),
+        ]))
+    }
+}
+
 /// Where operations go to the writer: its thread, or (without threads) its task.
 #[derive(Clone)]
 enum Writer {
@@ -125,13 +159,31 @@ impl LogStore {
     /// # Errors
     /// As [`LogStore::open`].
     pub fn open_on(data_dir: &Path, io: &Io) -> io::Result<Self> {
+        Self::open_beside(data_dir, io, None)
+    }
+
+    /// [`LogStore::open_on`] beside a state machine whose snapshot has applied
+    /// the entries up to `applied`. A follower applies what the leader says is
+    /// committed, which a majority holds on disk but this node's own log may
+    /// not yet (its write not synced); a snapshot of that state can then
+    /// survive a power cut that the log's last writes do not. If the log does
+    /// not hold `applied` (it ends before it, or holds another entry at its
+    /// index), whatever it holds past the snapshot is off the committed history
+    /// (Log Matching: every committed entry after `applied` follows it), and
+    /// what it holds before is in the snapshot: the log is emptied down to
+    /// `applied`, durably, before anything reads it. (Found by `palisade sim`:
+    /// openraft otherwise refuses to start on such a disk, "inverted log order".)
+    ///
+    /// # Errors
+    /// As [`LogStore::open`].
+    pub fn open_beside(data_dir: &Path, io: &Io, applied: Option<LogId>) -> io::Result<Self> {
         let wal_dir = data_dir.join(WAL_DIR);
         let legacy = data_dir.join(LEGACY_REDB);
         // The move from redb is only ever needed on a real disk.
         if io.threads && legacy.exists() && !wal_dir.exists() {
             migrate_from_redb(&legacy, data_dir)?;
         }
-        let (wal, records) = Wal::open_on(&wal_dir, io)?;
+        let (mut wal, records) = Wal::open_on(&wal_dir, io)?;
         if io.threads && legacy.exists() {
             // The write-ahead log appears only by the move's final rename, so a
             // redb log beside it is one whose deletion a crash interrupted.
@@ -140,6 +192,9 @@ impl LogStore {
         let mut mem = Mem::default();
         for record in records {
             mem.replay(record)?;
+        }
+        if let Some(reset) = mem.align_with_applied(applied)? {
+            wal.write(&reset)?;
         }
         // A node never resumes leadership after a restart: it campaigns again.
         // openraft sends a leader's entries to the followers while its own

@@ -331,7 +331,12 @@ impl StateMachineStore {
             serde_json::to_vec(&entry.payload)
                 .unwrap_or_default()
                 .hash(&mut digest);
-            (observe.0)(index, entry.log_id.leader_id.term, digest.finish());
+            (observe.0)(crate::io::AppliedEntry {
+                index,
+                term: entry.log_id.leader_id.term,
+                leader: entry.log_id.leader_id.node_id,
+                digest: digest.finish(),
+            });
         }
         // The machine lock is held until last_applied is updated too, so a
         // snapshot never pairs a machine state with another entry's log id.
