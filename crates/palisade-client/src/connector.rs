@@ -163,7 +163,18 @@ impl Connector {
         loop {
             let addr = self.target();
             let channel = self.channel(&addr)?;
-            let why = match rpc(channel).await {
+            // Every attempt ends within the budget, answered or not: a call
+            // without a deadline of its own (a cancel, a close) must not hang
+            // on a node that took the request and never answers.
+            let left = give_up.saturating_duration_since(palisade_core::clock::now());
+            let attempt = tokio::time::timeout(left.max(Duration::from_millis(1)), rpc(channel))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(
+                        "no answer within the call's budget",
+                    ))
+                });
+            let why = match attempt {
                 Ok(reply) => {
                     *self.leader.lock().expect("poisoned") = Some(addr);
                     return Ok(reply.into_inner());

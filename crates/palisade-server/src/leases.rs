@@ -99,6 +99,64 @@ impl Tracked {
         }
     }
 
+    /// The sessions whose deadline has passed, in deadline order, each marked
+    /// expiring (its keep-alives refused from now on) and out of the due index.
+    fn take_due_sessions(&mut self, now: Instant) -> Vec<SessionId> {
+        let mut due = Vec::new();
+        while let Some(&(deadline, id)) = self.due.first() {
+            if deadline > now {
+                break;
+            }
+            self.due.pop_first();
+            if let Some(c) = self.sessions.get_mut(&id) {
+                c.expiring = true;
+            }
+            due.push(id);
+        }
+        due
+    }
+
+    /// The lock-delays that have ended, by lock name, with the index each
+    /// began at. Removed now; re-added at full length by the next full rescan
+    /// if the proposal to end them does not commit. Naming the delay's start
+    /// makes a late duplicate harmless to any newer delay of the same lock.
+    fn take_due_delays(&mut self, now: Instant) -> Vec<(String, u64)> {
+        let due: Vec<(String, u64)> = self
+            .delays
+            .iter()
+            .filter(|(_, (_, end))| *end <= now)
+            .map(|(n, (since, _))| (n.clone(), *since))
+            .collect();
+        for (name, _) in &due {
+            self.delays.remove(name);
+        }
+        due
+    }
+
+    /// Makes `cmd` (an expiry or the end of a lock-delay, proposed in leader
+    /// term `term` and not applied) due again at `now` — unless the term has
+    /// changed since: the new term's rescan has restarted every countdown at
+    /// full length, and expiring one now would end its lease early.
+    fn retry(&mut self, term: u64, cmd: Command, now: Instant) {
+        if self.term != Some(term) {
+            return;
+        }
+        match cmd {
+            Command::ExpireInBatch { session }
+                if self.sessions.get(&session).is_some_and(|c| c.expiring) =>
+            {
+                self.expire_again(session, now);
+            }
+            Command::EndLockDelay {
+                name,
+                since: Some(since),
+            } => {
+                self.delays.entry(name).or_insert((since, now));
+            }
+            _ => {}
+        }
+    }
+
     fn clear(&mut self) {
         self.sessions.clear();
         self.due.clear();
@@ -349,60 +407,174 @@ impl LeaseKeeper {
     fn expire_due(self: &Arc<Self>) {
         let now = palisade_core::clock::now();
         let mut proposals = Vec::new();
+        let term;
         {
             let mut t = self.tracked.lock().expect("poisoned");
-            while let Some(&(deadline, id)) = t.due.first() {
-                if deadline > now {
-                    break;
-                }
-                t.due.pop_first();
-                if let Some(c) = t.sessions.get_mut(&id) {
-                    c.expiring = true;
-                }
-                proposals.push(Command::ExpireInBatch { session: id });
+            term = t.term;
+            for session in t.take_due_sessions(now) {
+                proposals.push(Command::ExpireInBatch { session });
             }
-            let due: Vec<(String, u64)> = t
-                .delays
-                .iter()
-                .filter(|(_, (_, end))| *end <= now)
-                .map(|(n, (since, _))| (n.clone(), *since))
-                .collect();
-            for (name, since) in due {
-                // Removed now; re-added at full length by the next full rescan if
-                // the proposal does not commit. Naming the delay's start makes a
-                // late duplicate harmless to any newer delay of the same lock.
-                t.delays.remove(&name);
+            for (name, since) in t.take_due_delays(now) {
                 proposals.push(Command::EndLockDelay {
                     name,
                     since: Some(since),
                 });
             }
         }
+        let Some(term) = term else { return };
         for cmd in proposals {
             tracing::debug!(?cmd, "lease keeper proposes");
             let keeper = Arc::clone(self);
-            // A failed proposal means leadership was lost (a leader's own write
-            // fails only then); the new term's sync starts every countdown afresh.
             tokio::spawn(async move {
-                let expiring = match cmd {
-                    Command::ExpireInBatch { session } => Some(session),
-                    _ => None,
-                };
-                match keeper.proposer.propose(cmd).await {
-                    Ok(applied) => {
-                        if let (Some(session), Err(MachineError::BatchConflict)) =
-                            (expiring, &applied.outcome)
-                        {
-                            keeper
-                                .tracked
-                                .lock()
-                                .expect("poisoned")
-                                .expire_again(session, palisade_core::clock::now());
-                        }
+                let retry = match keeper.proposer.propose(cmd.clone()).await {
+                    // Refused because another expiry in its entry freed the
+                    // same locks first: again, in the next entry.
+                    Ok(applied) => matches!(applied.outcome, Err(MachineError::BatchConflict)),
+                    // Not committed. If leadership moved, the new term's rescan
+                    // starts every countdown afresh; if not (openraft can refuse
+                    // a write while its leadership is unconfirmed, say, when it
+                    // hears no follower), the expiry must be proposed again, or
+                    // the session's locks would stay held for as long as this
+                    // node leads (found by `palisade sim` with one-way
+                    // partitions).
+                    Err(e) => {
+                        // At debug: retried every tick while it lasts.
+                        tracing::debug!(error = ?e, "lease keeper proposal failed");
+                        true
                     }
-                    Err(e) => tracing::warn!(error = ?e, "lease keeper proposal failed"),
+                };
+                if retry {
+                    let mut t = keeper.tracked.lock().expect("poisoned");
+                    t.retry(term, cmd, palisade_core::clock::now());
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    fn id(n: u64) -> SessionId {
+        SessionId(n)
+    }
+
+    #[test]
+    fn a_session_falls_due_one_ttl_after_its_last_keep_alive() {
+        let start = Instant::now();
+        let mut t = Tracked::default();
+        t.track(id(1), TTL, start);
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert!(t.take_due_sessions(at(1999)).is_empty());
+        // Renewed at 1.5 s: now due at 3.5 s, not at 2 s.
+        assert_eq!(t.renew(id(1), at(1500)), Some(Ok(TTL)));
+        assert!(t.take_due_sessions(at(3499)).is_empty());
+        assert_eq!(t.take_due_sessions(at(3500)), vec![id(1)]);
+        // Taken once: no second proposal, and keep-alives are refused now.
+        assert!(t.take_due_sessions(at(9000)).is_empty());
+        assert_eq!(t.renew(id(1), at(3600)), Some(Err(())));
+        assert_eq!(t.renew(id(9), at(3600)), None, "untracked");
+    }
+
+    #[test]
+    fn tracking_again_does_not_restart_a_countdown() {
+        // The periodic rescan tracks every session of the machine; a session
+        // already counted down must keep its deadline, or none would expire.
+        let start = Instant::now();
+        let mut t = Tracked::default();
+        t.track(id(1), TTL, start);
+        t.track(id(1), TTL, start + Duration::from_millis(1900));
+        assert_eq!(t.take_due_sessions(start + TTL), vec![id(1)]);
+    }
+
+    #[test]
+    fn sessions_fall_due_in_deadline_order_and_untracked_ones_never() {
+        let start = Instant::now();
+        let mut t = Tracked::default();
+        t.track(id(1), Duration::from_secs(3), start);
+        t.track(id(2), Duration::from_secs(1), start);
+        t.track(id(3), Duration::from_secs(2), start);
+        t.track(id(4), Duration::from_secs(1), start);
+        t.untrack(id(4));
+        assert_eq!(
+            t.take_due_sessions(start + Duration::from_secs(5)),
+            vec![id(2), id(3), id(1)]
+        );
+    }
+
+    #[test]
+    fn a_refused_expiry_is_due_again_at_once_and_still_refuses_keep_alives() {
+        let start = Instant::now();
+        let mut t = Tracked::default();
+        t.track(id(1), TTL, start);
+        assert_eq!(t.take_due_sessions(start + TTL), vec![id(1)]);
+        let later = start + Duration::from_secs(3);
+        t.expire_again(id(1), later);
+        assert_eq!(t.renew(id(1), later), Some(Err(())));
+        assert_eq!(t.take_due_sessions(later), vec![id(1)]);
+    }
+
+    #[test]
+    fn lock_delays_end_once_each_in_name_order() {
+        let start = Instant::now();
+        let mut t = Tracked::default();
+        t.delays
+            .insert("b".into(), (7, start + Duration::from_secs(1)));
+        t.delays
+            .insert("a".into(), (9, start + Duration::from_secs(1)));
+        t.delays
+            .insert("c".into(), (8, start + Duration::from_secs(5)));
+        let due = t.take_due_delays(start + Duration::from_secs(2));
+        assert_eq!(due, vec![("a".to_owned(), 9), ("b".to_owned(), 7)]);
+        assert!(t.take_due_delays(start + Duration::from_secs(2)).is_empty());
+        assert_eq!(t.delays.len(), 1);
+    }
+
+    #[test]
+    fn a_failed_expiry_is_due_again_in_its_term_and_never_in_the_next() {
+        let start = Instant::now();
+        let mut t = Tracked {
+            term: Some(3),
+            ..Tracked::default()
+        };
+        t.track(id(1), TTL, start);
+        t.track(id(2), TTL, start);
+        assert_eq!(t.take_due_sessions(start + TTL), vec![id(1), id(2)]);
+        let later = start + Duration::from_secs(3);
+        t.retry(3, Command::ExpireInBatch { session: id(1) }, later);
+        assert_eq!(t.take_due_sessions(later), vec![id(1)]);
+        // Leadership moved to term 4 and the rescan restarted session 2 at a
+        // full TTL: the old term's failure must not cut that short.
+        t.clear();
+        t.term = Some(4);
+        t.track(id(2), TTL, later);
+        t.retry(3, Command::ExpireInBatch { session: id(2) }, later);
+        assert!(t.take_due_sessions(later + TTL / 2).is_empty());
+        assert_eq!(t.take_due_sessions(later + TTL), vec![id(2)]);
+        // A lock-delay whose end was not committed ends again at once.
+        t.retry(
+            4,
+            Command::EndLockDelay {
+                name: "a".into(),
+                since: Some(9),
+            },
+            later,
+        );
+        assert_eq!(t.take_due_delays(later), vec![("a".to_owned(), 9)]);
+    }
+
+    #[test]
+    fn losing_leadership_forgets_every_countdown() {
+        let start = Instant::now();
+        let mut t = Tracked::default();
+        t.track(id(1), TTL, start);
+        t.delays.insert("a".into(), (1, start));
+        t.clear();
+        assert!(t.take_due_sessions(start + TTL * 10).is_empty());
+        assert!(t.take_due_delays(start + TTL * 10).is_empty());
+        assert_eq!(t.renew(id(1), start), None);
     }
 }

@@ -67,6 +67,36 @@ impl Proposer {
     }
 }
 
+/// The next entry's commands: `first`, then those already waiting in `rx`
+/// that may share its entry (at most [`MAX_BATCH`]); the first that may not —
+/// a second session creation, or a session end — is returned to start the
+/// entry after. A session end takes an entry of its own.
+fn gather<T>(
+    first: T,
+    key: impl Fn(&T) -> ConflictKey,
+    rx: &mut mpsc::Receiver<T>,
+) -> (Vec<T>, Option<T>) {
+    let first_key = key(&first);
+    let mut batch = vec![first];
+    if first_key == ConflictKey::Exclusive {
+        return (batch, None);
+    }
+    let mut creates_session = first_key == ConflictKey::NewSession;
+    while batch.len() < MAX_BATCH {
+        let Ok(next) = rx.try_recv() else { break };
+        let conflicts = match key(&next) {
+            ConflictKey::Shared => false,
+            ConflictKey::NewSession => std::mem::replace(&mut creates_session, true),
+            ConflictKey::Exclusive => true,
+        };
+        if conflicts {
+            return (batch, Some(next));
+        }
+        batch.push(next);
+    }
+    (batch, None)
+}
+
 async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
     let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let mut carry: Option<Pending> = None;
@@ -81,25 +111,8 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         // Let commands that arrived in the same instant (a release and the
         // previous holder's next acquire, answered by one entry) join this entry.
         tokio::task::yield_now().await;
-        let first_key = first.cmd.conflict_key();
-        let mut batch = vec![first];
-        if first_key != ConflictKey::Exclusive {
-            let mut creates_session = first_key == ConflictKey::NewSession;
-            while batch.len() < MAX_BATCH {
-                let Ok(next) = rx.try_recv() else { break };
-                let key = next.cmd.conflict_key();
-                let conflicts = match key {
-                    ConflictKey::Shared => false,
-                    ConflictKey::NewSession => std::mem::replace(&mut creates_session, true),
-                    ConflictKey::Exclusive => true,
-                };
-                if conflicts {
-                    carry = Some(next);
-                    break;
-                }
-                batch.push(next);
-            }
-        }
+        let (batch, next) = gather(first, |p| p.cmd.conflict_key(), &mut rx);
+        carry = next;
         let (cmds, replies): (Vec<Command>, Vec<_>) =
             batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
         // At most IN_FLIGHT entries are submitted and not yet answered: one being
@@ -146,5 +159,92 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade_core::machine::{SessionId, SessionOwner};
+
+    fn acquire(session: u64, name: &str) -> Command {
+        Command::Acquire {
+            session: SessionId(session),
+            name: name.into(),
+            wait: true,
+            lock_delay_ms: 0,
+        }
+    }
+
+    fn create() -> Command {
+        Command::CreateSession {
+            ttl_ms: 2000,
+            label: String::new(),
+            owner: SessionOwner::default(),
+        }
+    }
+
+    fn close(session: u64) -> Command {
+        Command::CloseSession {
+            session: SessionId(session),
+        }
+    }
+
+    /// Queues `cmds` and gathers entries until the queue is empty.
+    fn entries(cmds: Vec<Command>) -> Vec<Vec<Command>> {
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let mut rest = cmds.into_iter();
+        let first = rest.next().expect("a command");
+        for c in rest {
+            tx.try_send(c).expect("room");
+        }
+        let mut out = Vec::new();
+        let mut next = Some(first);
+        while let Some(first) = next.take().or_else(|| rx.try_recv().ok()) {
+            let (batch, carried) = gather(first, Command::conflict_key, &mut rx);
+            out.push(batch);
+            next = carried;
+        }
+        out
+    }
+
+    #[test]
+    fn lock_commands_share_one_entry_even_on_one_lock() {
+        let cmds = vec![acquire(1, "a"), acquire(2, "a"), acquire(3, "b")];
+        assert_eq!(entries(cmds.clone()), vec![cmds]);
+    }
+
+    #[test]
+    fn a_second_session_creation_starts_the_next_entry() {
+        let got = entries(vec![create(), acquire(1, "a"), create(), acquire(2, "b")]);
+        assert_eq!(
+            got,
+            vec![
+                vec![create(), acquire(1, "a")],
+                vec![create(), acquire(2, "b")]
+            ]
+        );
+    }
+
+    #[test]
+    fn a_session_end_takes_an_entry_of_its_own() {
+        let got = entries(vec![acquire(1, "a"), close(1), acquire(2, "a")]);
+        assert_eq!(
+            got,
+            vec![vec![acquire(1, "a")], vec![close(1)], vec![acquire(2, "a")]]
+        );
+    }
+
+    #[test]
+    fn an_entry_holds_at_most_max_batch_commands_in_arrival_order() {
+        let cmds: Vec<Command> = (0..MAX_BATCH as u64 + 5)
+            .map(|i| acquire(1, &format!("lock-{i}")))
+            .collect();
+        let got = entries(cmds.clone());
+        assert_eq!(
+            got.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![MAX_BATCH, 5]
+        );
+        assert_eq!(got.concat(), cmds);
     }
 }

@@ -233,29 +233,49 @@ fn align_task_numbers() {
     }
 }
 
-/// Runs one simulation to its end and judges it.
-///
-/// Deterministic — the same `config` gives the same [`Outcome`], history byte
-/// for byte — provided nothing else in the process creates tokio tasks while
-/// it runs (tokio's task numbers are process-wide; see `align_task_numbers`):
-/// run simulations one at a time per process (`palisade sim --jobs` uses one
-/// process per job).
-pub fn run(config: &SimConfig) -> Outcome {
+/// Makes the next simulation in this process replay exactly: tokio's task
+/// numbers aligned, openraft's election timeouts drawn from `seed`.
+pub fn prepare(seed: u64) {
     align_task_numbers();
-    // openraft's election timeouts: from the seed.
-    palisade_server::runtime::seed_thread_rng(config.seed);
-    let total = nemesis::SETTLE + config.fault_window + config.quiet + Duration::from_secs(30);
+    palisade_server::runtime::seed_thread_rng(seed);
+}
+
+/// The simulation every run uses: 1 ms steps, links of 0.2–3 ms, for `duration`
+/// of simulated time at most, everything random drawn from `seed`.
+pub fn builder(seed: u64, duration: Duration) -> turmoil::Builder {
     let mut builder = turmoil::Builder::new();
     builder
-        .rng_seed(config.seed)
+        .rng_seed(seed)
         .epoch(std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
-        .simulation_duration(total)
+        .simulation_duration(duration)
         .tick_duration(Duration::from_millis(1))
         .min_message_latency(Duration::from_micros(200))
         .max_message_latency(Duration::from_millis(3))
         .tcp_capacity(4096);
-    let mut sim = builder.build();
+    builder
+}
 
+/// A client's configuration for the nodes of [`start_cluster`], dialing over
+/// the simulated network.
+pub fn client_config(nodes: usize) -> palisade_client::ClientConfig {
+    let mut config = palisade_client::ClientConfig::new(endpoints(nodes));
+    config.dialer = Some(Arc::new(net::SimNet));
+    config
+}
+
+/// What [`start_cluster`] set up, for the nemesis and the checks.
+pub struct Cluster {
+    /// Each node's disk, by node id.
+    pub disks: BTreeMap<u64, disk::SimDisk>,
+    /// Every entry every node applied.
+    pub applied: Arc<std::sync::Mutex<check::Applied>>,
+    /// The Raft links between the nodes.
+    pub links: Arc<links::Links>,
+}
+
+/// Adds `config.nodes` nodes of the real server to `sim` as hosts `n1`, `n2`, …
+/// (each restarts on its own disk after a crash).
+pub fn start_cluster(sim: &mut turmoil::Sim<'_>, config: &SimConfig) -> Cluster {
     let mut initial = BTreeMap::new();
     for id in 1..=config.nodes as u64 {
         let name = node_name(id);
@@ -321,6 +341,29 @@ pub fn run(config: &SimConfig) -> Outcome {
             }
         });
     }
+    Cluster {
+        disks,
+        applied,
+        links,
+    }
+}
+
+/// Runs one simulation to its end and judges it.
+///
+/// Deterministic — the same `config` gives the same [`Outcome`], history byte
+/// for byte — provided nothing else in the process creates tokio tasks while
+/// it runs (tokio's task numbers are process-wide; see `align_task_numbers`):
+/// run simulations one at a time per process (`palisade sim --jobs` uses one
+/// process per job).
+pub fn run(config: &SimConfig) -> Outcome {
+    prepare(config.seed);
+    let total = nemesis::SETTLE + config.fault_window + config.quiet + Duration::from_secs(30);
+    let mut sim = builder(config.seed, total).build();
+    let Cluster {
+        disks,
+        applied,
+        links,
+    } = start_cluster(&mut sim, config);
 
     let recorder = Recorder::default();
     let end_us = (nemesis::SETTLE + config.fault_window + config.quiet).as_micros() as u64;
