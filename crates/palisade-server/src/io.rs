@@ -155,6 +155,10 @@ pub struct Io {
     /// Decides the fate of each Raft message this node sends (a simulator's
     /// lossy links); `None` in production: every message is delivered.
     pub message_fates: Option<MessageFatesHook>,
+    /// How fast this node's clock runs for its lease countdowns, as a multiple
+    /// of the true rate: 1 in production; a simulator skews it to check that
+    /// the clients' safety margin covers a leader whose clock runs fast.
+    pub clock_rate: f64,
 }
 
 /// One entry a node applied, as an [`ApplyObserver`] is told of it.
@@ -203,6 +207,7 @@ impl Io {
             on_apply: None,
             session_keys: Default::default(),
             message_fates: None,
+            clock_rate: 1.0,
         }
     }
 
@@ -217,6 +222,7 @@ impl Io {
             on_apply: None,
             session_keys: Default::default(),
             message_fates: None,
+            clock_rate: 1.0,
         }
     }
 

@@ -172,6 +172,9 @@ pub struct LeaseKeeper {
     tracked: Mutex<Tracked>,
     /// The simulator's planted bug: see [`crate::io::Planted::no_lease_restart`].
     no_lease_restart: bool,
+    /// The clock every countdown reads (skewed only by the simulator: see
+    /// [`crate::io::Io::clock_rate`]).
+    clock: palisade_core::clock::Skewed,
 }
 
 /// Why a keep-alive was refused.
@@ -186,15 +189,18 @@ pub enum KeepAliveError {
 impl LeaseKeeper {
     /// A keeper for `raft`, reading sessions from `shared`.
     pub fn new(raft: Raft, proposer: Proposer, shared: Arc<Shared>) -> Arc<Self> {
-        Self::with_planted(raft, proposer, shared, crate::io::Planted::default())
+        Self::with_planted(raft, proposer, shared, crate::io::Planted::default(), 1.0)
     }
 
-    /// [`LeaseKeeper::new`] with the simulator's planted bugs (tests only).
+    /// [`LeaseKeeper::new`] with the simulator's planted bugs (tests only)
+    /// and a clock running at `clock_rate` times the true rate (1 outside
+    /// the simulator).
     pub fn with_planted(
         raft: Raft,
         proposer: Proposer,
         shared: Arc<Shared>,
         planted: crate::io::Planted,
+        clock_rate: f64,
     ) -> Arc<Self> {
         Arc::new(LeaseKeeper {
             raft,
@@ -202,6 +208,7 @@ impl LeaseKeeper {
             shared,
             tracked: Mutex::new(Tracked::default()),
             no_lease_restart: planted.no_lease_restart,
+            clock: palisade_core::clock::Skewed::new(clock_rate),
         })
     }
 
@@ -214,7 +221,7 @@ impl LeaseKeeper {
         if t.term.is_none() {
             return Err(KeepAliveError::NotLeader);
         }
-        let now = palisade_core::clock::now();
+        let now = self.clock.now();
         match t.renew(session, now) {
             Some(Ok(ttl)) => return Ok(ttl),
             Some(Err(())) => return Err(KeepAliveError::UnknownSession),
@@ -252,7 +259,7 @@ impl LeaseKeeper {
     ) -> Option<(HashMap<SessionId, Duration>, HashMap<String, Duration>)> {
         let t = self.tracked.lock().expect("poisoned");
         t.term?;
-        let now = palisade_core::clock::now();
+        let now = self.clock.now();
         let sessions = sessions
             .into_iter()
             .filter_map(|s| {
@@ -342,7 +349,7 @@ impl LeaseKeeper {
         if t.term.is_none() {
             return;
         }
-        let now = palisade_core::clock::now();
+        let now = self.clock.now();
         let gone: Vec<SessionId> = t
             .sessions
             .keys()
@@ -387,7 +394,7 @@ impl LeaseKeeper {
         if t.term.is_none() {
             return;
         }
-        let now = palisade_core::clock::now();
+        let now = self.clock.now();
         for event in events {
             match event {
                 LeaseEvent::SessionCreated { session, ttl } => t.track(session, ttl, now),
@@ -405,7 +412,7 @@ impl LeaseKeeper {
     }
 
     fn expire_due(self: &Arc<Self>) {
-        let now = palisade_core::clock::now();
+        let now = self.clock.now();
         let mut proposals = Vec::new();
         let term;
         {
@@ -445,7 +452,7 @@ impl LeaseKeeper {
                 };
                 if retry {
                     let mut t = keeper.tracked.lock().expect("poisoned");
-                    t.retry(term, cmd, palisade_core::clock::now());
+                    t.retry(term, cmd, keeper.clock.now());
                 }
             });
         }

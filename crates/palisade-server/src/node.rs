@@ -330,8 +330,13 @@ pub async fn run_on(
         }
     }
     let proposer = Proposer::start(raft.clone());
-    let leases =
-        LeaseKeeper::with_planted(raft.clone(), proposer.clone(), shared.clone(), io.planted);
+    let leases = LeaseKeeper::with_planted(
+        raft.clone(),
+        proposer.clone(),
+        shared.clone(),
+        io.planted,
+        io.clock_rate,
+    );
     let keeper = tokio::spawn(leases.clone().run());
     let status = Arc::new(crate::status::StatusSource::new(
         raft.clone(),

@@ -39,8 +39,8 @@ use palisade_chaos::{Event, EventKind, History};
 use palisade_server::io::Io;
 use palisade_server::typ::NodeAddr;
 use palisade_server::{ServerConfig, run_on};
-use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use tracing::Instrument;
 
 pub use check::Verdict;
@@ -77,6 +77,10 @@ pub struct SimConfig {
     /// is cut down to its shortest failing prefix: the same seed with fewer
     /// faults replays the same history up to the first fault left out.
     pub max_faults: Option<usize>,
+    /// With the `skew` fault, each node's clock runs at a rate drawn from
+    /// `1 ± max_skew` for its lease countdowns (0.05 by default: within the
+    /// clients' 10 % margin, so leases must stay safe).
+    pub max_skew: f64,
 }
 
 impl SimConfig {
@@ -93,6 +97,7 @@ impl SimConfig {
             quiet: Duration::from_secs(10),
             planted: Planted::default(),
             max_faults: None,
+            max_skew: 0.05,
         }
     }
 }
@@ -175,17 +180,38 @@ pub struct Recorder {
 impl Recorder {
     /// Appends an event by `client` at the current simulated time (from
     /// inside a simulated host).
-    pub fn record(&self, client: u32, kind: EventKind) {
-        self.record_at(sim_now_us(), client, kind);
+    /// Returns its place in the history.
+    pub fn record(&self, client: u32, kind: EventKind) -> usize {
+        self.record_at(sim_now_us(), client, kind)
     }
 
-    /// Appends an event by `client` (0: the nemesis) at `at_us`.
-    pub fn record_at(&self, at_us: u64, client: u32, kind: EventKind) {
-        self.events.borrow_mut().push(Event {
+    /// Appends an event by `client` (0: the nemesis) at `at_us`; returns its
+    /// place in the history.
+    pub fn record_at(&self, at_us: u64, client: u32, kind: EventKind) -> usize {
+        let mut events = self.events.borrow_mut();
+        events.push(Event {
             at_us,
             client,
             kind,
         });
+        events.len() - 1
+    }
+
+    /// The holder of the grant recorded at `grant` (an `AcquireOk`) saw its
+    /// guarantee reach `valid_until_us` (a keep-alive extended it): the
+    /// checker then holds every other grant of the lock to that too.
+    pub fn extend_guarantee(&self, grant: usize, valid_until_us: u64) {
+        if let Some(Event {
+            kind:
+                EventKind::AcquireOk {
+                    valid_until_us: Some(until),
+                    ..
+                },
+            ..
+        }) = self.events.borrow_mut().get_mut(grant)
+        {
+            *until = (*until).max(valid_until_us);
+        }
     }
 
     fn take(&self) -> Vec<Event> {
@@ -271,6 +297,8 @@ pub struct Cluster {
     pub applied: Arc<std::sync::Mutex<check::Applied>>,
     /// The Raft links between the nodes.
     pub links: Arc<links::Links>,
+    /// Each node's clock rate (1: true), by node id.
+    pub clock_rates: BTreeMap<u64, f64>,
 }
 
 /// Adds `config.nodes` nodes of the real server to `sim` as hosts `n1`, `n2`, …
@@ -291,6 +319,18 @@ pub fn start_cluster(sim: &mut turmoil::Sim<'_>, config: &SimConfig) -> Cluster 
     // Every node's applied entries: index → (term, digest, first node).
     let applied: Arc<std::sync::Mutex<check::Applied>> = Arc::default();
     let links = Arc::new(links::Links::new(config.seed ^ 0x006c_696e_6b73));
+    // A clock's rate is the node's, for the whole run, across restarts.
+    let mut skew = SmallRng::seed_from_u64(config.seed ^ 0x0000_736b_6577);
+    let clock_rates: BTreeMap<u64, f64> = (1..=config.nodes as u64)
+        .map(|id| {
+            let rate = if config.faults.contains(Fault::Skew) {
+                1.0 + skew.random_range(-config.max_skew..=config.max_skew)
+            } else {
+                1.0
+            };
+            (id, rate)
+        })
+        .collect();
     for id in 1..=config.nodes as u64 {
         let disk = disk::SimDisk::new(
             config.seed ^ (id << 32),
@@ -301,6 +341,7 @@ pub fn start_cluster(sim: &mut turmoil::Sim<'_>, config: &SimConfig) -> Cluster 
         let planted = config.planted;
         let applied = applied.clone();
         let links = links.clone();
+        let clock_rate = clock_rates[&id];
         let server = ServerConfig {
             id,
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), CLIENT_PORT),
@@ -323,6 +364,7 @@ pub fn start_cluster(sim: &mut turmoil::Sim<'_>, config: &SimConfig) -> Cluster 
         sim.host(node_name(id), move || {
             let mut io = Io::simulated(Arc::new(disk.clone()), Arc::new(net::SimNet));
             io.planted = planted;
+            io.clock_rate = clock_rate;
             let start = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             io.session_keys = palisade_server::security::SessionKeys::seeded(
                 seed ^ (id << 48) ^ (start << 32) ^ 0x5e55_10e5,
@@ -345,6 +387,7 @@ pub fn start_cluster(sim: &mut turmoil::Sim<'_>, config: &SimConfig) -> Cluster 
         disks,
         applied,
         links,
+        clock_rates,
     }
 }
 
@@ -363,9 +406,18 @@ pub fn run(config: &SimConfig) -> Outcome {
         disks,
         applied,
         links,
+        clock_rates,
     } = start_cluster(&mut sim, config);
 
     let recorder = Recorder::default();
+    for (id, rate) in clock_rates.into_iter().filter(|(_, r)| *r != 1.0) {
+        let what = format!(
+            "node {id}'s clock runs {:.1} % {}",
+            (rate - 1.0).abs() * 100.0,
+            if rate > 1.0 { "fast" } else { "slow" }
+        );
+        recorder.record_at(0, 0, EventKind::Fault { what });
+    }
     let end_us = (nemesis::SETTLE + config.fault_window + config.quiet).as_micros() as u64;
     let fence = workload::Fence::default();
     for c in 1..=config.clients as u32 {

@@ -50,10 +50,16 @@ pub enum Fault {
     Reorder,
     /// A client stops looking at its guard for twice its lease.
     ClientPause,
+    /// A client's links to every node are held 0.5–4 s (its session may
+    /// expire meanwhile), then released.
+    ClientCut,
+    /// Each node's clock runs up to [`SimConfig::max_skew`] fast or slow (5 %
+    /// by default) for its lease countdowns, for the whole run.
+    Skew,
 }
 
 impl Fault {
-    const ALL: [Fault; 10] = [
+    const ALL: [Fault; 12] = [
         Fault::Crash,
         Fault::Torn,
         Fault::Blackout,
@@ -64,6 +70,8 @@ impl Fault {
         Fault::Dup,
         Fault::Reorder,
         Fault::ClientPause,
+        Fault::ClientCut,
+        Fault::Skew,
     ];
 
     /// The name `--faults` takes.
@@ -79,6 +87,8 @@ impl Fault {
             Fault::Dup => "dup",
             Fault::Reorder => "reorder",
             Fault::ClientPause => "pause",
+            Fault::ClientCut => "cut",
+            Fault::Skew => "skew",
         }
     }
 }
@@ -174,6 +184,10 @@ enum Active {
         b: u64,
         until_us: u64,
     },
+    Cut {
+        client: u64,
+        until_us: u64,
+    },
 }
 
 impl Active {
@@ -183,7 +197,8 @@ impl Active {
             | Active::Held { until_us, .. }
             | Active::Deaf { until_us, .. }
             | Active::Slow { until_us, .. }
-            | Active::Flaky { until_us, .. } => *until_us,
+            | Active::Flaky { until_us, .. }
+            | Active::Cut { until_us, .. } => *until_us,
         }
     }
 
@@ -193,7 +208,7 @@ impl Active {
             Active::Crashed { node, .. }
             | Active::Held { node, .. }
             | Active::Deaf { node, .. } => Some(*node),
-            Active::Slow { .. } | Active::Flaky { .. } => None,
+            Active::Slow { .. } | Active::Flaky { .. } | Active::Cut { .. } => None,
         }
     }
 }
@@ -203,6 +218,7 @@ pub struct Nemesis {
     rng: SmallRng,
     faults: FaultSet,
     nodes: u64,
+    clients: u64,
     disks: BTreeMap<u64, SimDisk>,
     links: Arc<Links>,
     applied: Arc<Mutex<Applied>>,
@@ -246,6 +262,7 @@ impl Nemesis {
             rng,
             faults: config.faults,
             nodes: config.nodes as u64,
+            clients: config.clients as u64,
             disks,
             links,
             applied,
@@ -318,6 +335,7 @@ impl Nemesis {
             Fault::Loss,
             Fault::Dup,
             Fault::Reorder,
+            Fault::ClientCut,
             Fault::Blackout,
         ]
         .into_iter()
@@ -445,6 +463,26 @@ impl Nemesis {
                 });
                 self.injected += 1;
             }
+            Fault::ClientCut => {
+                let client = self.rng.random_range(1..=self.clients);
+                let cut = self
+                    .active
+                    .iter()
+                    .any(|a| matches!(a, Active::Cut { client: c, .. } if *c == client));
+                if !cut {
+                    let lasts = self.rng.random_range(500_000..4_000_000);
+                    for n in 1..=self.nodes {
+                        sim.hold(format!("c{client}"), node_name(n));
+                    }
+                    let what = format!("cut client {client} off from every node");
+                    rec.record_at(now, 0, EventKind::Fault { what });
+                    self.active.push(Active::Cut {
+                        client,
+                        until_us: now + lasts,
+                    });
+                    self.injected += 1;
+                }
+            }
             Fault::Blackout if !self.active.is_empty() => {}
             Fault::Blackout => {
                 // Aimed like a crash: at a moment some node has a write in flight.
@@ -455,7 +493,7 @@ impl Nemesis {
                     deadline_us: now + 1_000_000,
                 });
             }
-            Fault::Torn | Fault::ClientPause => {}
+            Fault::Torn | Fault::ClientPause | Fault::Skew => {}
         }
     }
 
@@ -538,6 +576,12 @@ impl Nemesis {
                     self.links.hear(from, to);
                 }
                 format!("node {node} hears and is heard again")
+            }
+            Active::Cut { client, .. } => {
+                for n in 1..=self.nodes {
+                    sim.release(format!("c{client}"), node_name(n));
+                }
+                format!("client {client} reconnected")
             }
             Active::Flaky { a, b, .. } => {
                 self.links.set_flaky(a, b, None);

@@ -96,8 +96,11 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
         match c.acquire(&lock, &options).await {
             Ok(guard) => {
                 let token = guard.token().get();
-                let valid_until_us = sim_now_us() + guard.remaining().as_micros() as u64;
-                rec.record(
+                let guaranteed = |guard: &palisade_client::FencedGuard| {
+                    sim_now_us() + guard.remaining().as_micros() as u64
+                };
+                let valid_until_us = guaranteed(&guard);
+                let grant = rec.record(
                     id,
                     EventKind::AcquireOk {
                         lock: lock.clone(),
@@ -126,6 +129,10 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                 if !believed {
                     rec.record(id, EventKind::LeaseLost { lock: lock.clone() });
                 } else {
+                    if !paused {
+                        // What the client counts on as it writes.
+                        rec.extend_guarantee(grant, guaranteed(&guard));
+                    }
                     let (accepted, read, wrote) = fence.write(&lock, token);
                     rec.record(
                         0,
@@ -141,7 +148,9 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                 }
                 rec.record(id, EventKind::ReleaseInvoke { lock: lock.clone() });
                 match guard.release().await {
-                    Ok(()) => rec.record(id, EventKind::ReleaseOk { lock }),
+                    Ok(()) => {
+                        rec.record(id, EventKind::ReleaseOk { lock });
+                    }
                     // Whether it still holds the lock is unknown: a retry with
                     // the same session would get the same grant back (an
                     // acquire of a lock the session holds returns its grant),
@@ -157,7 +166,9 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
             Err(ClientError::Unavailable(_)) => {
                 rec.record(id, EventKind::AcquireUnknown { lock });
             }
-            Err(_) => rec.record(id, EventKind::AcquireFail { lock }),
+            Err(_) => {
+                rec.record(id, EventKind::AcquireFail { lock });
+            }
         }
         if client.as_ref().is_some_and(|c| c.remaining().is_zero()) {
             // The session's guarantee is gone: a new session for the next round.
