@@ -42,7 +42,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 3, value_parser = nodes_arg)]
     pub nodes: usize,
     /// Faults to inject, comma-separated: crash, torn, blackout, partition,
-    /// delay, pause; or all, none.
+    /// oneway, delay, loss, dup, reorder, pause, cut, skew; or all, none
+    /// (docs/simulation.md says what each does).
     #[arg(long, default_value = "all", value_parser = FaultSet::parse)]
     pub faults: FaultSet,
     /// Client hosts per run.

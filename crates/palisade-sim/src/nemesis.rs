@@ -463,6 +463,7 @@ impl Nemesis {
                 });
                 self.injected += 1;
             }
+            Fault::ClientCut if self.clients == 0 => {}
             Fault::ClientCut => {
                 let client = self.rng.random_range(1..=self.clients);
                 let cut = self
