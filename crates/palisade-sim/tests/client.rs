@@ -53,6 +53,16 @@ fn drive(sim: &mut turmoil::Sim<'_>, mut between: impl FnMut(&mut turmoil::Sim<'
     }
 }
 
+/// A simulation of `NODES` real nodes, all randomness from `seed`, and this
+/// test's turn (one simulation per process at a time).
+fn cluster(seed: u64) -> (std::sync::MutexGuard<'static, ()>, turmoil::Sim<'static>) {
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    prepare(seed);
+    let mut sim = builder(seed, Duration::from_secs(120)).build();
+    start_cluster(&mut sim, &SimConfig::new(seed));
+    (turn, sim)
+}
+
 fn node(id: u64) -> String {
     format!("n{id}")
 }
@@ -64,11 +74,7 @@ fn node(id: u64) -> String {
 /// the safety margin later — does the server hand the lock to another client.
 #[test]
 fn keep_alives_hold_the_guarantee_and_it_ends_before_the_server_frees_the_lock() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = 11;
-    prepare(seed);
-    let mut sim = builder(seed, Duration::from_secs(120)).build();
-    start_cluster(&mut sim, &SimConfig::new(seed));
+    let (_turn, mut sim) = cluster(11);
     let ttl = Duration::from_secs(2);
     let margin = ttl / 10;
 
@@ -140,11 +146,7 @@ fn keep_alives_hold_the_guarantee_and_it_ends_before_the_server_frees_the_lock()
 /// one), it still holds its lock, and it acquires another.
 #[test]
 fn the_client_follows_a_new_leader_and_keeps_its_session() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = 12;
-    prepare(seed);
-    let mut sim = builder(seed, Duration::from_secs(120)).build();
-    start_cluster(&mut sim, &SimConfig::new(seed));
+    let (_turn, mut sim) = cluster(12);
 
     let crash = Rc::new(Cell::new(0u64));
     let report = Rc::new(RefCell::new(None));
@@ -204,11 +206,7 @@ fn the_client_follows_a_new_leader_and_keeps_its_session() {
 /// may have expired the session and handed the lock on meanwhile.
 #[test]
 fn a_grant_that_arrives_after_the_guarantee_is_refused() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = 13;
-    prepare(seed);
-    let mut sim = builder(seed, Duration::from_secs(120)).build();
-    start_cluster(&mut sim, &SimConfig::new(seed));
+    let (_turn, mut sim) = cluster(13);
     let ttl = Duration::from_secs(4);
 
     let waiting = Rc::new(Cell::new(false));
