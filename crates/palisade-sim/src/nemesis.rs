@@ -401,12 +401,15 @@ impl Nemesis {
                     "isolate node {node}{} from the other nodes",
                     if leader { " (the leader)" } else { "" }
                 );
-                rec.record_at(now, 0, EventKind::Fault { what });
-                self.active.push(Active::Held {
-                    node,
-                    until_us: now + lasts,
-                });
-                self.injected += 1;
+                self.begin(
+                    rec,
+                    now,
+                    what,
+                    Active::Held {
+                        node,
+                        until_us: now + lasts,
+                    },
+                );
             }
             Fault::OneWay => {
                 let others = (1..=self.nodes).filter(|o| *o != node);
@@ -427,25 +430,31 @@ impl Nemesis {
                 for &(from, to) in &directions {
                     self.links.deafen(from, to);
                 }
-                rec.record_at(now, 0, EventKind::Fault { what });
-                self.active.push(Active::Deaf {
-                    node,
-                    directions,
-                    until_us: now + lasts,
-                });
-                self.injected += 1;
+                self.begin(
+                    rec,
+                    now,
+                    what,
+                    Active::Deaf {
+                        node,
+                        directions,
+                        until_us: now + lasts,
+                    },
+                );
             }
             Fault::Delay => {
                 let slow = Duration::from_millis(self.rng.random_range(20..300));
                 sim.set_link_max_message_latency(node_name(node), node_name(other), slow);
                 let what = format!("slow link {node}-{other} (up to {} ms)", slow.as_millis());
-                rec.record_at(now, 0, EventKind::Fault { what });
-                self.active.push(Active::Slow {
-                    a: node,
-                    b: other,
-                    until_us: now + lasts,
-                });
-                self.injected += 1;
+                self.begin(
+                    rec,
+                    now,
+                    what,
+                    Active::Slow {
+                        a: node,
+                        b: other,
+                        until_us: now + lasts,
+                    },
+                );
             }
             Fault::Loss | Fault::Dup | Fault::Reorder => {
                 let (flaky, how) = match fault {
@@ -455,13 +464,16 @@ impl Nemesis {
                 };
                 self.links.set_flaky(node, other, Some(flaky));
                 let what = format!("link {node}-{other} {how}");
-                rec.record_at(now, 0, EventKind::Fault { what });
-                self.active.push(Active::Flaky {
-                    a: node,
-                    b: other,
-                    until_us: now + lasts,
-                });
-                self.injected += 1;
+                self.begin(
+                    rec,
+                    now,
+                    what,
+                    Active::Flaky {
+                        a: node,
+                        b: other,
+                        until_us: now + lasts,
+                    },
+                );
             }
             Fault::ClientCut if self.clients == 0 => {}
             Fault::ClientCut => {
@@ -476,12 +488,15 @@ impl Nemesis {
                         sim.hold(format!("c{client}"), node_name(n));
                     }
                     let what = format!("cut client {client} off from every node");
-                    rec.record_at(now, 0, EventKind::Fault { what });
-                    self.active.push(Active::Cut {
-                        client,
-                        until_us: now + lasts,
-                    });
-                    self.injected += 1;
+                    self.begin(
+                        rec,
+                        now,
+                        what,
+                        Active::Cut {
+                            client,
+                            until_us: now + lasts,
+                        },
+                    );
                 }
             }
             Fault::Blackout if !self.active.is_empty() => {}
@@ -496,6 +511,13 @@ impl Nemesis {
             }
             Fault::Torn | Fault::ClientPause | Fault::Skew => {}
         }
+    }
+
+    /// Records `what` and keeps `fault` in effect until it heals.
+    fn begin(&mut self, rec: &Recorder, now: u64, what: String, fault: Active) {
+        rec.record_at(now, 0, EventKind::Fault { what });
+        self.active.push(fault);
+        self.injected += 1;
     }
 
     fn crash(
@@ -518,12 +540,15 @@ impl Nemesis {
                 ""
             }
         );
-        rec.record_at(now, 0, EventKind::Fault { what });
-        self.active.push(Active::Crashed {
-            node,
-            until_us: now + lasts,
-        });
-        self.injected += 1;
+        self.begin(
+            rec,
+            now,
+            what,
+            Active::Crashed {
+                node,
+                until_us: now + lasts,
+            },
+        );
     }
 
     fn blackout(
