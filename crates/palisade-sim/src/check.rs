@@ -198,9 +198,10 @@ pub fn judge(h: &History, healed_at_us: u64, end_us: u64) -> Verdict {
 
 /// Per lock, who held it when, as far as the clients knew: `(client, from, to)`
 /// in µs, from the grant to its confirmed release or its loss. A release that
-/// was never confirmed left the lock held until the abandoned session expired:
-/// counted up to the client's next acquire plus two session TTLs (the lease and
-/// its lock-delay), or to the end if it asked nothing more.
+/// was never confirmed left the lock held until the server expired the
+/// abandoned session: counted up to the client's next acquire plus two session
+/// TTLs (the lease runs a TTL past the session's last keep-alive, and the
+/// expiry must then commit), or to the end if it asked nothing more.
 fn holdings(h: &History) -> BTreeMap<&str, Vec<(u32, u64, u64)>> {
     let ttl = crate::workload::SESSION_TTL.as_micros() as u64;
     let mut held: BTreeMap<&str, Vec<(u32, u64, u64)>> = BTreeMap::new();
