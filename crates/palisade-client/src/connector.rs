@@ -5,18 +5,18 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use palisade_proto::h2_channel::{H2Channel, TlsDialing};
 use palisade_proto::{ErrorCode, LEADER_KEY};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Response, Status};
 
-use crate::{ClientConfig, ClientError, TlsOptions};
+use crate::{ClientConfig, ClientError};
 
-/// What every RPC goes through: a channel to one node, with this client's
-/// credentials added to each request.
-pub(crate) type Rpc = InterceptedService<Channel, Credentials>;
+/// What every RPC goes through: a channel to one node (straight over HTTP/2, see
+/// [`H2Channel`]), with this client's credentials added to each request.
+pub(crate) type Rpc = InterceptedService<H2Channel, Credentials>;
 
 /// Adds the bearer token, if any, to every request.
 #[derive(Clone)]
@@ -38,13 +38,13 @@ pub(crate) struct Connector {
     leader: Mutex<Option<String>>,
     /// Ordered, so that the connections close in one order when the client is
     /// dropped (a simulation's replay sends the same packets in the same order).
-    channels: Mutex<BTreeMap<String, Channel>>,
+    channels: Mutex<BTreeMap<String, H2Channel>>,
     pub rpc_timeout: Duration,
     pub retry_for: Duration,
     /// Rotates through endpoints when no leader is known.
     next: Mutex<usize>,
     address_map: HashMap<String, String>,
-    tls: Option<TlsOptions>,
+    tls: Option<Tls>,
     credentials: Credentials,
     dialer: Option<std::sync::Arc<dyn crate::Dialer>>,
 }
@@ -77,8 +77,24 @@ impl Connector {
                 .transpose()?,
         );
         for e in &config.endpoints {
-            endpoint(e, config.tls.as_ref())?;
+            check_endpoint(e)?;
         }
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|t| {
+                let identity = t
+                    .identity
+                    .as_ref()
+                    .map(|(c, k)| (c.as_slice(), k.as_slice()));
+                TlsDialing::from_pem(&t.ca_pem, identity)
+                    .map(|dialing| Tls {
+                        dialing,
+                        server_name: t.server_name.clone(),
+                    })
+                    .map_err(|e| ClientError::InvalidInput(format!("TLS: {e}")))
+            })
+            .transpose()?;
         Ok(Connector {
             endpoints: Mutex::new(config.endpoints.clone()),
             leader: Mutex::new(None),
@@ -87,7 +103,7 @@ impl Connector {
             retry_for: config.retry_for,
             next: Mutex::new(0),
             address_map: config.address_map.clone(),
-            tls: config.tls.clone(),
+            tls,
             credentials,
             dialer: config.dialer.clone(),
         })
@@ -98,26 +114,44 @@ impl Connector {
         let channel = match channels.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let endpoint = endpoint(addr, self.tls.as_ref())?;
-                let c = match &self.dialer {
-                    None => endpoint.connect_lazy(),
-                    Some(dialer) => {
-                        let dialer = dialer.clone();
-                        endpoint.connect_with_connector_lazy(tower::service_fn(
-                            move |uri: tonic::codegen::http::Uri| {
-                                let authority =
-                                    uri.authority().map(|a| a.to_string()).unwrap_or_default();
-                                let dialed = dialer.dial(authority);
-                                async move { dialed.await.map(hyper_util::rt::TokioIo::new) }
-                            },
-                        ))
-                    }
-                };
+                let c = self.new_channel(addr)?;
                 channels.insert(addr.to_owned(), c.clone());
                 c
             }
         };
         Ok(InterceptedService::new(channel, self.credentials.clone()))
+    }
+
+    /// A lazily connecting channel to `addr`: over the configured dialer or TCP,
+    /// with TLS when configured.
+    fn new_channel(&self, addr: &str) -> Result<H2Channel, ClientError> {
+        let invalid = |e: &dyn std::fmt::Display| {
+            ClientError::InvalidInput(format!("endpoint {addr:?}: {e}"))
+        };
+        check_endpoint(addr)?;
+        let dialer: palisade_proto::h2_channel::Dialer = match &self.dialer {
+            None => H2Channel::tcp_dialer(addr.to_owned()),
+            Some(dialer) => {
+                let (dialer, addr) = (dialer.clone(), addr.to_owned());
+                std::sync::Arc::new(move || {
+                    let dialed = dialer.dial(addr.clone());
+                    Box::pin(async move {
+                        Ok(Box::new(dialed.await?) as Box<dyn palisade_proto::h2_channel::Io>)
+                    })
+                })
+            }
+        };
+        let dialer = match &self.tls {
+            None => dialer,
+            Some(tls) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name = tls.server_name.as_deref().unwrap_or(host);
+                tls.dialing.dialer(dialer, name).map_err(|e| invalid(&e))?
+            }
+        };
+        H2Channel::new(addr, self.tls.is_some(), Duration::from_secs(1), dialer)
+            .map_err(|e| invalid(&e))
     }
 
     fn target(&self) -> String {
@@ -242,28 +276,21 @@ fn describe_failure(status: &Status) -> String {
     }
 }
 
-fn endpoint(addr: &str, tls: Option<&TlsOptions>) -> Result<Endpoint, ClientError> {
+/// Checks that `addr` is `HOST:PORT`.
+fn check_endpoint(addr: &str) -> Result<(), ClientError> {
     if addr.contains("://") || !addr.contains(':') {
         return Err(ClientError::InvalidInput(format!(
             "endpoint {addr:?}: expected HOST:PORT"
         )));
     }
-    let invalid =
-        |e: tonic::transport::Error| ClientError::InvalidInput(format!("endpoint {addr:?}: {e}"));
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-        .map_err(invalid)?
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true);
-    if let Some(tls) = tls {
-        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-        if let Some((cert, key)) = &tls.identity {
-            config = config.identity(Identity::from_pem(cert, key));
-        }
-        if let Some(name) = &tls.server_name {
-            config = config.domain_name(name.clone());
-        }
-        endpoint = endpoint.tls_config(config).map_err(invalid)?;
-    }
-    Ok(endpoint)
+    addr.parse::<tonic::codegen::http::uri::Authority>()
+        .map(drop)
+        .map_err(|e| ClientError::InvalidInput(format!("endpoint {addr:?}: {e}")))
+}
+
+/// TLS to the nodes, ready to dial.
+struct Tls {
+    dialing: TlsDialing,
+    /// The name expected in the nodes' certificates; `None`: each address's host.
+    server_name: Option<String>,
 }

@@ -6,6 +6,8 @@
 #![allow(missing_docs)]
 #![allow(clippy::all)]
 
+pub mod h2_channel;
+
 /// Version 1 of the protocol.
 pub mod v1 {
     tonic::include_proto!("palisade.v1");

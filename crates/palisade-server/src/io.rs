@@ -226,17 +226,17 @@ impl Io {
         }
     }
 
-    /// A lazily connecting channel to `endpoint` over this network.
-    pub fn channel(&self, endpoint: tonic::transport::Endpoint) -> tonic::transport::Channel {
+    /// Opens connections to `addr` (`HOST:PORT`) over this network.
+    pub fn dialer(&self, addr: &str) -> palisade_proto::h2_channel::Dialer {
+        use palisade_proto::h2_channel::{H2Channel, Io as ChannelIo};
         match &self.net {
-            None => endpoint.connect_lazy(),
+            None => H2Channel::tcp_dialer(addr.to_owned()),
             Some(net) => {
-                let net = net.clone();
-                endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: http::Uri| {
-                    let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
-                    let connected = net.connect(authority);
-                    async move { connected.await.map(hyper_util::rt::TokioIo::new) }
-                }))
+                let (net, addr) = (net.clone(), addr.to_owned());
+                Arc::new(move || {
+                    let connected = net.connect(addr.clone());
+                    Box::pin(async move { Ok(Box::new(connected.await?) as Box<dyn ChannelIo>) })
+                })
             }
         }
     }

@@ -24,6 +24,7 @@ use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
+use palisade_proto::h2_channel::{H2Channel, TlsDialing};
 use palisade_proto::v1::RaftPayload;
 use palisade_proto::v1::raft_client::RaftClient;
 use palisade_proto::v1::raft_server;
@@ -33,7 +34,6 @@ use std::sync::Arc;
 
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
 
 use crate::io::{MessageFate, MessageFatesHook};
@@ -55,7 +55,7 @@ struct SnapshotHeader {
 /// Makes one [`Peer`] per target node.
 pub struct PeerFactory {
     /// TLS to peers; `None`: plaintext.
-    pub tls: Option<ClientTlsConfig>,
+    pub tls: Option<TlsDialing>,
     /// The network the peers are on.
     pub io: crate::io::Io,
     /// This node's id.
@@ -80,17 +80,22 @@ impl RaftNetworkFactory<TypeConfig> for PeerFactory {
 /// expecting its certificate (with `tls`); `None` when the address is unusable.
 pub fn peer_channel(
     io: &crate::io::Io,
-    tls: Option<&ClientTlsConfig>,
+    tls: Option<&TlsDialing>,
     target: NodeId,
     addr: &str,
-) -> Option<Channel> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    Endpoint::from_shared(format!("{scheme}://{addr}"))
-        .and_then(|e| match tls {
-            Some(tls) => e.tls_config(tls.clone().domain_name(peer_server_name(target))),
-            None => Ok(e),
+) -> Option<H2Channel> {
+    let dialer = io.dialer(addr);
+    let dialer = match tls {
+        Some(tls) => tls
+            .dialer(dialer, &peer_server_name(target))
+            .map_err(|e| e.to_string()),
+        None => Ok(dialer),
+    };
+    dialer
+        .and_then(|d| {
+            H2Channel::new(addr, tls.is_some(), Duration::from_secs(1), d)
+                .map_err(|e| e.to_string())
         })
-        .map(|e| io.channel(e.connect_timeout(Duration::from_secs(1)).tcp_nodelay(true)))
         .map_err(|e| tracing::error!(target, error = %e, "unusable peer address"))
         .ok()
 }
@@ -100,7 +105,7 @@ pub struct Peer {
     source: NodeId,
     target: NodeId,
     /// `None` when the address did not parse; every RPC then reports unreachable.
-    client: Option<RaftClient<Channel>>,
+    client: Option<RaftClient<H2Channel>>,
     /// A simulator's lossy link; `None`: every message is delivered.
     fates: Option<MessageFatesHook>,
 }
@@ -160,7 +165,7 @@ impl Peer {
 
 /// One gRPC call of `kind` carrying `payload`.
 async fn send(
-    client: &mut RaftClient<Channel>,
+    client: &mut RaftClient<H2Channel>,
     kind: &'static str,
     payload: RaftPayload,
     ttl: Duration,

@@ -10,10 +10,10 @@ use std::time::Duration;
 use openraft::async_runtime::Instant as _;
 use openraft::async_runtime::WatchReceiver;
 use palisade_core::machine::SessionId;
+use palisade_proto::h2_channel::{H2Channel, TlsDialing};
 use palisade_proto::v1::RaftPayload;
 use palisade_proto::v1::raft_client::RaftClient;
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::leases::LeaseKeeper;
 use crate::store::sm::{RecentEvent, Shared};
@@ -141,12 +141,12 @@ pub struct StatusSource {
     shared: Arc<Shared>,
     leases: Arc<LeaseKeeper>,
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
-    tls: Option<ClientTlsConfig>,
+    tls: Option<TlsDialing>,
     io: crate::io::Io,
     /// One channel per member, made on first use.
     /// Ordered: connections close in one order when the node stops (a
     /// simulation's replay sends the same packets in the same order).
-    peers: Mutex<BTreeMap<NodeId, (String, RaftClient<Channel>)>>,
+    peers: Mutex<BTreeMap<NodeId, (String, RaftClient<H2Channel>)>>,
 }
 
 impl StatusSource {
@@ -157,7 +157,7 @@ impl StatusSource {
         shared: Arc<Shared>,
         leases: Arc<LeaseKeeper>,
         committed: Arc<dyn Fn() -> u64 + Send + Sync>,
-        tls: Option<ClientTlsConfig>,
+        tls: Option<TlsDialing>,
         io: crate::io::Io,
     ) -> Self {
         StatusSource {

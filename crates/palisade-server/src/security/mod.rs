@@ -27,9 +27,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
 use palisade_proto::ErrorCode;
+use palisade_proto::h2_channel::TlsDialing;
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
 use self::acl::{Grants, Policy};
@@ -63,6 +64,7 @@ pub struct SecurityConfig {
 pub struct Tls {
     identity: Identity,
     ca: Certificate,
+    peers: TlsDialing,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
@@ -75,9 +77,15 @@ impl Tls {
     /// # Errors
     /// A message naming the file that could not be read.
     pub fn load(files: &TlsFiles) -> Result<Tls, String> {
+        let (cert, key, ca) = (read(&files.cert)?, read(&files.key)?, read(&files.ca)?);
+        let peers = TlsDialing::from_pem(&ca, Some((&cert, &key))).map_err(|e| {
+            let files = [&files.cert, &files.key, &files.ca].map(|f| f.display().to_string());
+            format!("{}: {e}", files.join(", "))
+        })?;
         Ok(Tls {
-            identity: Identity::from_pem(read(&files.cert)?, read(&files.key)?),
-            ca: Certificate::from_pem(read(&files.ca)?),
+            identity: Identity::from_pem(cert, key),
+            ca: Certificate::from_pem(ca),
+            peers,
         })
     }
 
@@ -101,10 +109,8 @@ impl Tls {
 
     /// For calls to peers: this node's certificate, and only the cluster's CA
     /// trusted.
-    pub fn to_peers(&self) -> ClientTlsConfig {
-        ClientTlsConfig::new()
-            .identity(self.identity.clone())
-            .ca_certificate(self.ca.clone())
+    pub fn to_peers(&self) -> TlsDialing {
+        self.peers.clone()
     }
 }
 
