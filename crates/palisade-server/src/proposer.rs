@@ -9,13 +9,15 @@
 //! second session creation, or a session end (alone in its entry), starts the next
 //! entry.
 
+use openraft::OptionalSend;
 use openraft::errors::ClientWriteError;
-use openraft::impls::ProgressResponder;
+use openraft::raft::ClientWriteResult;
+use openraft::raft::responder::Responder;
 use palisade_core::machine::{Applied, Command, ConflictKey};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::sm::EntryResponse;
-use crate::typ::{Commands, NodeId, Raft};
+use crate::typ::{Commands, NodeId, Raft, TypeConfig};
 
 /// Most commands in one entry; bounds the entry's size (names are ≤ 256 bytes).
 pub const MAX_BATCH: usize = 1024;
@@ -36,6 +38,18 @@ pub enum ProposeError {
 struct Pending {
     cmd: Command,
     reply: oneshot::Sender<Result<Applied, ProposeError>>,
+}
+
+/// What openraft calls when an entry is applied (or refused): answers the
+/// entry's callers right there, on the state machine's task. A oneshot to a
+/// task of ours that then answered them cost one more wake-up per entry on the
+/// path of every acquire.
+pub struct Answer<T>(Box<dyn FnOnce(T) + Send>);
+
+impl<T: OptionalSend + 'static> Responder<TypeConfig, T> for Answer<T> {
+    fn on_complete(self, result: T) {
+        (self.0)(result)
+    }
 }
 
 /// The handle that services use to propose commands.
@@ -123,42 +137,45 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        // Submitted here, in order; answered by a task of its own.
-        let (responder, answer) = ProgressResponder::complete_only();
-        let submitted = raft.client_write_ff(Commands(cmds), Some(responder)).await;
-        tokio::spawn(async move {
-            let result = match submitted {
-                Err(fatal) => Err(ProposeError::Unavailable(fatal.to_string())),
-                Ok(()) => match answer.await {
-                    Err(_) => Err(ProposeError::Unavailable("raft dropped the write".into())),
-                    Ok(Ok(r)) => match r.data {
-                        EntryResponse::Commands(applied) if applied.len() == replies.len() => {
-                            Ok(applied)
-                        }
-                        other => Err(ProposeError::Unavailable(format!(
-                            "unexpected apply result {other:?}"
-                        ))),
-                    },
-                    Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
-                        Err(ProposeError::NotLeader(f.leader_id))
-                    }
-                    Ok(Err(e)) => Err(ProposeError::Unavailable(e.to_string())),
-                },
-            };
+        // Submitted here, in order; answered where openraft completes it. If
+        // openraft drops the answer unanswered (it stopped), the callers hear
+        // that their reply channel closed: "shutting down".
+        let answer = Answer(Box::new(move |result: ClientWriteResult<TypeConfig>| {
             drop(permit);
-            match result {
-                Ok(applied) => {
-                    for (reply, a) in replies.into_iter().zip(applied) {
-                        let _ = reply.send(Ok(a));
-                    }
-                }
-                Err(e) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
+            answer(replies, result);
+        }));
+        if let Err(fatal) = raft.client_write_ff(Commands(cmds), Some(answer)).await {
+            tracing::debug!(error = %fatal, "raft stopped; proposals end");
+        }
+    }
+}
+
+/// Answers each command's caller from the result of their shared entry.
+fn answer(
+    replies: Vec<oneshot::Sender<Result<Applied, ProposeError>>>,
+    result: ClientWriteResult<TypeConfig>,
+) {
+    let result = match result {
+        Ok(r) => match r.data {
+            EntryResponse::Commands(applied) if applied.len() == replies.len() => Ok(applied),
+            other => Err(ProposeError::Unavailable(format!(
+                "unexpected apply result {other:?}"
+            ))),
+        },
+        Err(ClientWriteError::ForwardToLeader(f)) => Err(ProposeError::NotLeader(f.leader_id)),
+        Err(e) => Err(ProposeError::Unavailable(e.to_string())),
+    };
+    match result {
+        Ok(applied) => {
+            for (reply, a) in replies.into_iter().zip(applied) {
+                let _ = reply.send(Ok(a));
             }
-        });
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
     }
 }
 

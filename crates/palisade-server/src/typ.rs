@@ -24,16 +24,35 @@ impl fmt::Display for Commands {
     }
 }
 
-openraft::declare_raft_types!(
-    /// Palisade's Raft: a log entry carries a batch of lock-machine [`Command`]s
-    /// (see `proposer`); applying it yields an [`EntryResponse`].
-    pub TypeConfig:
-        D = Commands,
-        R = EntryResponse,
-        NodeId = u64,
-        Node = NodeAddr,
-        AsyncRuntime = crate::runtime::PalisadeRuntime,
-);
+/// Palisade's Raft: a log entry carries a batch of lock-machine [`Command`]s
+/// (see `proposer`); applying it yields an [`EntryResponse`], handed to the
+/// proposer's own responder. Written out rather than with openraft's
+/// `declare_raft_types!`, which cannot name a generic responder.
+#[derive(Debug, Clone, Copy, Default, Eq, PartialEq, Ord, PartialOrd)]
+pub struct TypeConfig {}
+
+impl openraft::RaftTypeConfig for TypeConfig {
+    type D = Commands;
+    type R = EntryResponse;
+    type NodeId = u64;
+    type Node = NodeAddr;
+    type Term = u64;
+    type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
+    type Vote = openraft::impls::Vote<Self::LeaderId>;
+    type Payload = openraft::EntryPayload<Commands, u64, NodeAddr>;
+    type Entry =
+        openraft::Entry<<Self::LeaderId as openraft::vote::RaftLeaderId>::Committed, Self::Payload>;
+    type Responder<T>
+        = crate::proposer::Answer<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type Batch<T>
+        = openraft::impls::InlineBatch<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type AsyncRuntime = crate::runtime::PalisadeRuntime;
+    type ErrorSource = openraft::impls::BoxedErrorSource;
+}
 
 /// A node id (as in `--id` and `--initial-cluster`).
 pub type NodeId = u64;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use palisade_proto::h2_channel::H2Channel;
 use palisade_proto::v1::cluster_client::ClusterClient;
 use palisade_proto::v1::locks_client::LocksClient;
 use palisade_proto::v1::{
@@ -23,7 +24,6 @@ use palisade_proto::v1::{
 };
 use palisade_testkit::PalisadeNode;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use super::stats::Samples;
 use crate::duration_arg;
@@ -125,15 +125,13 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
     let exe = std::env::current_exe().context("locating the palisade binary")?;
     let node = tokio::task::block_in_place(|| PalisadeNode::single(&exe))?;
     let pid = node.pid().context("the node did not start")?;
-    // A few connections shared by every caller, as a real fleet's would be spread.
+    // A few connections shared by every caller, as a real fleet's would be
+    // spread; the transport Palisade's client library uses.
     let mut channels = Vec::new();
     for _ in 0..4 {
-        channels.push(
-            Channel::from_shared(format!("http://{}", node.addr()))?
-                .connect()
-                .await
-                .context("connecting to the node")?,
-        );
+        let addr = node.addr().to_string();
+        let dial = H2Channel::tcp_dialer(addr.clone());
+        channels.push(H2Channel::new(&addr, false, Duration::from_secs(1), dial)?);
     }
     let bar = ProgressBar::new(a.sessions as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} · {per_sec}")
@@ -358,7 +356,7 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
 /// countdown on receipt, so this can only overstate the delay). Meanwhile other
 /// clients acquire and release locks of their own.
 async fn expire_together(
-    channels: &[Channel],
+    channels: &[H2Channel],
     live: &Arc<Vec<Session>>,
     a: &ScaleBenchArgs,
 ) -> Result<(Option<u64>, Option<u64>)> {
@@ -481,7 +479,7 @@ async fn expire_together(
 /// `n` clients, each on one of the last live sessions, acquiring and releasing
 /// a lock of its own until `done()`; their acquire latencies.
 fn probe_acquires<D: Fn() -> bool + Clone + Send + 'static>(
-    channels: &[Channel],
+    channels: &[H2Channel],
     live: &Arc<Vec<Session>>,
     n: usize,
     prefix: &str,
@@ -547,7 +545,7 @@ struct SnapshotFigures {
 /// snapshot).
 async fn snapshot_phase(
     exe: &std::path::Path,
-    channels: &[Channel],
+    channels: &[H2Channel],
     live: &Arc<Vec<Session>>,
 ) -> Result<SnapshotFigures> {
     const PROBES: usize = 4;
