@@ -65,6 +65,53 @@ fn acknowledged_entries_survive_reopening() {
     });
 }
 
+/// The committed index is not queued to the writer: the newest one saved waits
+/// for the next batch (or a quiet spell, or the store's close). Saved several
+/// times between appends, a reopen reads the newest.
+#[test]
+fn the_newest_committed_index_saved_is_read_back_after_reopening() {
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let at = |i| {
+        LogId::new(
+            LeaderId {
+                term: 2,
+                node_id: 1,
+            },
+            i,
+        )
+    };
+    let entry = |i| Entry {
+        log_id: at(i),
+        payload: EntryPayload::Blank,
+    };
+    let reopen = || loop {
+        match LogStore::open(&path) {
+            Ok(l) => break l,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    };
+    rt.block_on(async {
+        let mut log = LogStore::open(&path).unwrap();
+        log.blocking_append(vec![entry(1), entry(2)]).await.unwrap();
+        log.save_committed(Some(at(1))).await.unwrap();
+        log.save_committed(Some(at(2))).await.unwrap();
+        // The next append carries the newest committed index with it.
+        log.blocking_append(vec![entry(3)]).await.unwrap();
+        drop(log);
+        let mut log = reopen();
+        assert_eq!(log.read_committed().await.unwrap(), Some(at(2)));
+
+        // With no append to ride on.
+        log.save_committed(Some(at(3))).await.unwrap();
+        drop(log);
+        let mut log = reopen();
+        assert_eq!(log.read_committed().await.unwrap(), Some(at(3)));
+    });
+}
+
 /// A data directory written before the write-ahead log (the log in
 /// `raft-log.redb`) still loads: entries, vote, purged and committed ids move
 /// into the new log and the old file is gone.

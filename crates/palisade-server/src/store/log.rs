@@ -2,7 +2,9 @@
 //! with group commit.
 //!
 //! Every write (entries, truncation, purge, vote, committed index) goes through
-//! one writer thread, in order. The writer drains everything queued, writes it as
+//! one writer thread, in order (the committed index, saved on every commit,
+//! waits beside the queue for the next batch; see `PendingCommitted`). The
+//! writer drains everything queued, writes it as
 //! ONE batch (one `write`, one `fdatasync`), and only then reports each append
 //! complete to openraft and each vote saved. So an entry is acknowledged only once
 //! it is on disk (unlike openraft's rocksdb example, which signals first), and one
@@ -131,6 +133,9 @@ enum Writer {
 pub struct LogStore {
     mem: Arc<RwLock<Mem>>,
     writer: Writer,
+    /// The newest committed index not yet handed to the writer (see
+    /// [`PendingCommitted`]).
+    committed: PendingCommitted,
     /// Told of every appended batch (see [`crate::commit_clock`]).
     clock: Option<Arc<crate::commit_clock::CommitClock>>,
     /// The write-and-fdatasync time of every batch.
@@ -234,17 +239,19 @@ impl LogStore {
             "Time to write one batch of log records and fdatasync it.",
         );
         let timer = fsync.clone();
+        let committed = PendingCommitted::default();
+        let pending = committed.clone();
         let writer = if io.threads {
             let (tx, rx) = mpsc::channel();
             std::thread::Builder::new()
                 .name("palisade-log-writer".into())
-                .spawn(move || write_loop(wal, rx, timer))?;
+                .spawn(move || write_loop(wal, rx, pending, timer))?;
             Writer::Thread(tx)
         } else {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let delay = io.disk.clone();
             let ack_first = io.planted.ack_before_sync;
-            tokio::spawn(write_task(wal, rx, timer, ack_first, move || {
+            tokio::spawn(write_task(wal, rx, pending, timer, ack_first, move || {
                 delay.sync_delay()
             }));
             Writer::Task(tx)
@@ -252,6 +259,7 @@ impl LogStore {
         Ok(LogStore {
             mem: Arc::new(RwLock::new(mem)),
             writer,
+            committed,
             clock: None,
             fsync,
         })
@@ -374,6 +382,30 @@ fn migrate_from_redb(legacy: &Path, data_dir: &Path) -> io::Result<()> {
 /// writes it on its own.
 const CARRY_AT_MOST: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// The committed index is saved on every commit, and nobody waits for it: the
+/// newest value waits here, without waking the writer, for the next batch the
+/// writer writes anyway (or for `CARRY_AT_MOST` of quiet). Sent through the
+/// writer's queue instead, it woke the writer thread once more per grant on
+/// every node, to do nothing.
+#[derive(Clone, Default)]
+struct PendingCommitted(Arc<std::sync::Mutex<Option<Record>>>);
+
+impl PendingCommitted {
+    fn set(&self, record: Record) {
+        *self.0.lock().expect("poisoned") = Some(record);
+    }
+
+    fn take(&self) -> Option<Record> {
+        self.0.lock().expect("poisoned").take()
+    }
+
+    /// Puts back a value taken for a batch that was not written, unless a newer
+    /// one has arrived since.
+    fn put_back(&self, record: Record) {
+        self.0.lock().expect("poisoned").get_or_insert(record);
+    }
+}
+
 /// The writer thread: group commit.
 ///
 /// Only an append or a vote has someone waiting for it to be on disk. Operations
@@ -381,26 +413,24 @@ const CARRY_AT_MOST: std::time::Duration = std::time::Duration::from_millis(500)
 /// costs no fsync of its own on the commit path (the committed index changes with
 /// every grant; syncing it separately doubled the fsyncs per grant). Carried
 /// operations are written on their own only after `CARRY_AT_MOST` of quiet.
-fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>, fsync: prometheus::Histogram) {
+fn write_loop(
+    mut wal: Wal,
+    rx: mpsc::Receiver<Op>,
+    committed: PendingCommitted,
+    fsync: prometheus::Histogram,
+) {
     let mut carried: Vec<Op> = Vec::new();
     let mut closing = false;
     while !closing {
-        let first = if carried.is_empty() {
-            match rx.recv() {
-                Ok(op) => Some(op),
-                Err(_) => return,
-            }
-        } else {
-            match rx.recv_timeout(CARRY_AT_MOST) {
-                Ok(op) => Some(op),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    closing = true;
-                    None
-                }
+        let first = match rx.recv_timeout(CARRY_AT_MOST) {
+            Ok(op) => Some(op),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                closing = true;
+                None
             }
         };
-        let Some(batch) = next_batch(&mut carried, first, rx.try_iter()) else {
+        let Some(batch) = next_batch(&mut carried, first, || rx.try_iter(), &committed) else {
             continue;
         };
         let started = std::time::Instant::now();
@@ -424,6 +454,7 @@ fn write_loop(mut wal: Wal, rx: mpsc::Receiver<Op>, fsync: prometheus::Histogram
 async fn write_task(
     mut wal: Wal,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Op>,
+    committed: PendingCommitted,
     fsync: prometheus::Histogram,
     ack_before_sync: bool,
     sync_delay: impl Fn() -> std::time::Duration,
@@ -431,23 +462,17 @@ async fn write_task(
     let mut carried: Vec<Op> = Vec::new();
     let mut closing = false;
     while !closing {
-        let first = if carried.is_empty() {
-            match rx.recv().await {
-                Some(op) => Some(op),
-                None => return,
-            }
-        } else {
-            match tokio::time::timeout(CARRY_AT_MOST, rx.recv()).await {
-                Ok(Some(op)) => Some(op),
-                Err(_) => None,
-                Ok(None) => {
-                    closing = true;
-                    None
-                }
+        let first = match tokio::time::timeout(CARRY_AT_MOST, rx.recv()).await {
+            Ok(Some(op)) => Some(op),
+            Err(_) => None,
+            Ok(None) => {
+                closing = true;
+                None
             }
         };
-        let drained = std::iter::from_fn(|| rx.try_recv().ok());
-        let Some(batch) = next_batch(&mut carried, first, drained) else {
+        let queue = &mut rx;
+        let drained = move || std::iter::from_fn(move || queue.try_recv().ok());
+        let Some(batch) = next_batch(&mut carried, first, drained, &committed) else {
             continue;
         };
         let started = tokio::time::Instant::now();
@@ -476,21 +501,30 @@ async fn write_task(
 /// Forms the next batch from the carried operations, the first new one (none
 /// after a quiet `CARRY_AT_MOST`) and everything queued behind it; `None` (and
 /// all of it carried on) while nobody waits for any of it and it was not quiet.
-fn next_batch(
+fn next_batch<I: Iterator<Item = Op>>(
     carried: &mut Vec<Op>,
     first: Option<Op>,
-    queued: impl Iterator<Item = Op>,
+    queued: impl FnOnce() -> I,
+    committed: &PendingCommitted,
 ) -> Option<Vec<Op>> {
     let quiet = first.is_none();
+    // Taken before the queue is drained: every entry a committed index covers
+    // was appended — queued — before that index was saved, so it is in this
+    // batch or an earlier one, and the index is written after it.
+    let pending = committed.take();
     let mut batch = std::mem::take(carried);
     batch.extend(first);
-    batch.extend(queued);
+    batch.extend(queued());
     let someone_waits = batch.iter().any(|op| !matches!(op, Op::Unawaited(_)));
     if !someone_waits && !quiet {
         *carried = batch;
+        if let Some(record) = pending {
+            committed.put_back(record);
+        }
         return None;
     }
-    Some(batch)
+    batch.extend(pending.map(Op::Unawaited));
+    (!batch.is_empty()).then_some(batch)
 }
 
 /// Who waits for a batch to be on disk.
@@ -595,7 +629,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not synced on its own: it only speeds up re-applying after a restart, and
         // it rides along with the next append's fsync.
         let bytes = serde_json::to_vec(&committed).map_err(io_err)?;
-        self.send(Op::Unawaited(Record::Committed(bytes)))?;
+        self.committed.set(Record::Committed(bytes));
         self.mem.write().expect("poisoned").committed = committed;
         Ok(())
     }
