@@ -73,6 +73,22 @@ fn async_stream(
 /// Larger than any default message limit, like a snapshot.
 const LARGE: usize = 64 * 1024 * 1024;
 
+/// Binds `addr` once the server that had it has let go of it (its shutdown
+/// runs on its own task; how long that takes is up to the machine).
+async fn bind_when_free(addr: std::net::SocketAddr) -> TcpListener {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return listener,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{addr} still in use after 30 s: {e}"),
+        }
+    }
+}
+
 fn channel(addr: &str) -> H2Channel {
     H2Channel::new(
         addr,
@@ -177,7 +193,7 @@ async fn a_refused_connection_says_so_and_the_channel_dials_again_later() {
     );
 
     // A server comes up on that port: the next call connects.
-    let listener = TcpListener::bind(addr).await.expect("rebind");
+    let listener = bind_when_free(addr).await;
     let stop = serve(listener);
     let reply = client
         .append_entries(RaftPayload {
@@ -191,8 +207,7 @@ async fn a_refused_connection_says_so_and_the_channel_dials_again_later() {
     // It goes away (its connections closed) and comes back: after at most one
     // failed call, the channel is connected again.
     drop(stop);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let listener = TcpListener::bind(addr).await.expect("rebind again");
+    let listener = bind_when_free(addr).await;
     let _stop = serve(listener);
     let mut answered = false;
     for _ in 0..2 {
