@@ -75,7 +75,8 @@ fn node(id: u64) -> String {
 /// TTL — does the server hand the lock to another client.
 #[test]
 fn keep_alives_hold_the_guarantee_and_it_ends_before_the_server_frees_the_lock() {
-    let (_turn, mut sim) = cluster(11);
+    let seed = 11;
+    let (_turn, mut sim) = cluster(seed);
     let ttl = Duration::from_secs(2);
     let margin = ttl / 10;
 
@@ -144,7 +145,7 @@ fn keep_alives_hold_the_guarantee_and_it_ends_before_the_server_frees_the_lock()
     // on): a leader whose clock is fast frees the lock that much of a TTL
     // early, which is what the margin is for. What is left of the margin must
     // still separate the two holders.
-    let drift = ttl.mul_f64(SimConfig::new(11).max_skew);
+    let drift = ttl.mul_f64(SimConfig::new(seed).max_skew);
     assert!(
         granted >= ended + (margin - drift).as_micros() as u64,
         "the lock was handed on at {granted} µs, the first holder's guarantee ended at {ended} µs"

@@ -499,8 +499,9 @@ async fn write_task(
 }
 
 /// Forms the next batch from the carried operations, the first new one (none
-/// after a quiet `CARRY_AT_MOST`) and everything queued behind it; `None` (and
-/// all of it carried on) while nobody waits for any of it and it was not quiet.
+/// after a quiet `CARRY_AT_MOST`), everything queued behind it and, last, the
+/// newest committed index; `None` (and all of it carried on) while nobody waits
+/// for any of it and it was not quiet, or when there is nothing to write.
 fn next_batch<I: Iterator<Item = Op>>(
     carried: &mut Vec<Op>,
     first: Option<Op>,
