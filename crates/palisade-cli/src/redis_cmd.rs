@@ -182,7 +182,8 @@ async fn lock(a: LockArgs) -> Result<i32> {
         palisade_core::EfficiencyLease::guaranteed_until(&guard),
         std::time::Instant::now(),
     );
-    let released = guard.release().await;
+    // The process exits next: wait until every node has the delete.
+    let released = guard.release_everywhere().await;
     crate::server_cmd::write_safety(a.metrics_file.as_deref(), &safety);
     match ended? {
         Ended::Exited(status) => {

@@ -340,7 +340,8 @@ async fn redis_facts(
         Ok(guard) => {
             let acquire = started.elapsed();
             let validity = guard.remaining();
-            let _ = guard.release().await;
+            // This process exits soon: every node must have the delete.
+            let _ = guard.release_everywhere().await;
             md.push_str(&format!(
                 "Validity budget: TTL {} − acquire {} (measured) − drift {} ≈ {} usable per grant.\n",
                 secs(input.ttl),

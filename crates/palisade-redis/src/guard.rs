@@ -146,12 +146,19 @@ impl RedisGuard {
     /// # Errors
     /// [`RedisLockError::NotHolder`] when no node still held our value (the lease
     /// had expired); nothing was deleted then.
-    pub async fn release(mut self) -> Result<NodeCounts, RedisLockError> {
+    pub async fn release(self) -> Result<NodeCounts, RedisLockError> {
+        self.release_waiting_for_all(false).await
+    }
+
+    async fn release_waiting_for_all(
+        mut self,
+        wait_all: bool,
+    ) -> Result<NodeCounts, RedisLockError> {
         self.released = true;
         let inner = &self.manager.inner;
         let t = self.timings;
         let counts = inner
-            .ask(Request::Release, &self.name, &self.value, t, false)
+            .ask(Request::Release, &self.name, &self.value, t, wait_all)
             .await
             .counts;
         if counts.granted == 0 {
@@ -161,6 +168,17 @@ impl RedisGuard {
             });
         }
         Ok(counts)
+    }
+
+    /// [`RedisGuard::release`], returning only once every node has answered (each
+    /// bounded by the per-node timeout): for a process about to exit, whose
+    /// runtime would drop the deletes still waiting to be written — those nodes
+    /// would then keep the key until its TTL ran out.
+    ///
+    /// # Errors
+    /// As [`RedisGuard::release`].
+    pub async fn release_everywhere(self) -> Result<NodeCounts, RedisLockError> {
+        self.release_waiting_for_all(true).await
     }
 
     fn expired(&self) -> RedisLockError {
