@@ -16,13 +16,17 @@
 
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::{BoxStream, Fuse};
+use futures_util::{Stream, StreamExt};
 use openraft::OptionalSend;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
 use palisade_proto::h2_channel::{H2Channel, TlsDialing};
 use palisade_proto::v1::RaftPayload;
@@ -179,6 +183,84 @@ async fn send(
     }
 }
 
+/// How long a replication request that carries nothing but a newer commit index
+/// waits for the next request with entries to carry the index instead.
+///
+/// openraft sends one such request to every follower after each commit, and its
+/// replication stream waits for the answer before it sends the next entries. Under
+/// one client the next entries (the next operation's) follow a client round trip
+/// later, so the commit-only request doubled the peer messages per operation and
+/// put its round trip in front of the next one. A follower needs the commit index
+/// only to apply, which no answer waits for (clients are answered by the leader), and
+/// the leader's heartbeats carry it too; safety does not depend on it at all.
+const COMMIT_ONLY_HOLD: Duration = Duration::from_millis(2);
+
+/// openraft's replication requests to one peer, with the commit-only ones held
+/// back for up to [`COMMIT_ONLY_HOLD`] and dropped when a later request carries
+/// their commit index.
+struct Coalesced<S> {
+    input: Fuse<S>,
+    /// A request taken from `input` while holding a commit-only one that it
+    /// could not replace; the next to go.
+    next: Option<AppendEntriesRequest<TypeConfig>>,
+}
+
+impl<S> Coalesced<S>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    fn new(input: S) -> Self {
+        Coalesced {
+            input: input.fuse(),
+            next: None,
+        }
+    }
+
+    /// The next request to send; `None` when openraft ended the stream.
+    async fn next(&mut self) -> Option<AppendEntriesRequest<TypeConfig>> {
+        let mut request = match self.next.take() {
+            Some(request) => request,
+            None => self.input.next().await?,
+        };
+        let hold_until = tokio::time::Instant::now() + COMMIT_ONLY_HOLD;
+        while request.entries.is_empty() {
+            match tokio::time::timeout_at(hold_until, self.input.next()).await {
+                Ok(Some(later)) if replaces(&later, &request) => request = later,
+                Ok(Some(later)) => {
+                    self.next = Some(later);
+                    break;
+                }
+                // The stream ended (a one-off probe or heartbeat) or nothing came.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        Some(request)
+    }
+}
+
+/// One replication stream to a peer: what it sends and how.
+struct AppendStream<'p, S> {
+    peer: &'p mut Peer,
+    requests: Coalesced<S>,
+    option: RPCOption,
+}
+
+/// Whether `later` says everything the entry-less `held` says: same leader,
+/// same position in the follower's log, a commit index at least as new.
+/// openraft's answer to `later` then acknowledges `held`'s range as well (its
+/// inflight queue drains every range an answer's matching log id covers).
+fn replaces(
+    later: &AppendEntriesRequest<TypeConfig>,
+    held: &AppendEntriesRequest<TypeConfig>,
+) -> bool {
+    later.vote == held.vote
+        && later.prev_log_id == held.prev_log_id
+        && later.leader_commit >= held.leader_commit
+}
+
+type AppendReplies<'s> =
+    BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>;
+
 impl RaftNetworkV2<TypeConfig> for Peer {
     type SnapshotData = SnapshotData;
 
@@ -189,6 +271,49 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.call("append", &rpc, Vec::new(), option.hard_ttl())
             .await
+    }
+
+    /// openraft's sequential stream (one request in flight, the next sent after
+    /// its answer), except that commit-only requests are held back briefly and
+    /// dropped when a later request carries their commit index
+    /// ([`COMMIT_ONLY_HOLD`]).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<AppendReplies<'s>, RPCError<TypeConfig>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        let stream = AppendStream {
+            peer: self,
+            requests: Coalesced::new(input),
+            option,
+        };
+        let replies = futures_util::stream::unfold(Some(stream), |stream| async move {
+            let mut stream = stream?;
+            let request = stream.requests.next().await?;
+            let prev = request.prev_log_id;
+            let last = request.entries.last().map(|e| e.log_id).or(prev);
+            let option = stream.option.clone();
+            match stream.peer.append_entries(request, option).await {
+                Ok(reply) => {
+                    // Go on after a full success only, as openraft's own sequential
+                    // stream does: a conflict, a higher vote or a partial append
+                    // ends the stream and openraft starts the next one.
+                    let go_on = match &reply {
+                        AppendEntriesResponse::Success => true,
+                        AppendEntriesResponse::PartialSuccess(matched) => *matched == last,
+                        _ => false,
+                    };
+                    let result = reply.into_stream_result(prev, last);
+                    let go_on = go_on && result.is_ok();
+                    Some((Ok(result), go_on.then_some(stream)))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Box::pin(async move { Ok(Box::pin(replies) as AppendReplies<'s>) })
     }
 
     async fn vote(
@@ -370,5 +495,104 @@ impl raft_server::Raft for RaftService {
         let _sender = sender(&mut req)?;
         let asked: crate::status::ReportRequest = decode(req)?;
         encode(&self.status.report(&asked))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::typ::{Entry, EntryPayload, LeaderId, LogId};
+    use futures_util::stream;
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(
+            LeaderId {
+                term: 2,
+                node_id: 1,
+            },
+            index,
+        )
+    }
+
+    /// A request after `prev` carrying entries `entries` and commit index `commit`.
+    fn request(prev: u64, entries: u64, commit: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(log_id(prev)),
+            leader_commit: Some(log_id(commit)),
+            entries: (prev + 1..=prev + entries)
+                .map(|i| Entry {
+                    log_id: log_id(i),
+                    payload: EntryPayload::Blank,
+                })
+                .collect(),
+        }
+    }
+
+    fn shape(r: &AppendEntriesRequest<TypeConfig>) -> (u64, usize, u64) {
+        let index = |l: &Option<LogId>| l.map_or(0, |l| l.index);
+        (
+            index(&r.prev_log_id),
+            r.entries.len(),
+            index(&r.leader_commit),
+        )
+    }
+
+    async fn sent(
+        requests: &mut Coalesced<impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin>,
+    ) -> Vec<(u64, usize, u64)> {
+        let mut sent = Vec::new();
+        while let Some(r) = requests.next().await {
+            sent.push(shape(&r));
+        }
+        sent
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_only_request_is_dropped_when_the_next_one_carries_its_commit() {
+        let input = stream::iter(vec![
+            request(4, 1, 4),
+            request(5, 0, 5),
+            request(5, 2, 5),
+            request(7, 0, 6),
+            request(7, 0, 7),
+            request(7, 1, 7),
+        ]);
+        let got = sent(&mut Coalesced::new(input)).await;
+        assert_eq!(got, vec![(4, 1, 4), (5, 2, 5), (7, 1, 7)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_only_request_goes_alone_when_nothing_follows_in_time_or_it_cannot_be_replaced()
+     {
+        // Nothing more within the hold: sent after it, then the late request.
+        let late = stream::once(async {
+            tokio::time::sleep(COMMIT_ONLY_HOLD * 3).await;
+            request(5, 1, 5)
+        });
+        let input = stream::iter(vec![request(5, 0, 5)]).chain(late);
+        let started = tokio::time::Instant::now();
+        let mut requests = Coalesced::new(Box::pin(input));
+        assert_eq!(requests.next().await.as_ref().map(shape), Some((5, 0, 5)));
+        assert_eq!(started.elapsed(), COMMIT_ONLY_HOLD);
+        assert_eq!(requests.next().await.as_ref().map(shape), Some((5, 1, 5)));
+        assert!(requests.next().await.is_none());
+
+        // A later request from another position (a probe after a conflict) or with
+        // an older commit cannot stand in for it: both go, in order.
+        let input = stream::iter(vec![
+            request(5, 0, 5),
+            request(3, 1, 5),
+            request(4, 0, 5),
+            request(4, 1, 3),
+        ]);
+        let got = sent(&mut Coalesced::new(input)).await;
+        assert_eq!(got, vec![(5, 0, 5), (3, 1, 5), (4, 0, 5), (4, 1, 3)]);
+
+        // A heartbeat (a stream of one) goes at once.
+        let started = tokio::time::Instant::now();
+        let got = sent(&mut Coalesced::new(stream::iter(vec![request(9, 0, 9)]))).await;
+        assert_eq!(got, vec![(9, 0, 9)]);
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }
