@@ -70,10 +70,13 @@ pub async fn run(a: DevClusterArgs) -> Result<i32> {
     let exe = std::env::current_exe().context("finding this program's path")?;
     let mut children: Vec<Child> = Vec::new();
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    // The nodes share this machine's cores.
+    let threads = palisade_testkit::colocated_worker_threads(a.nodes).to_string();
     for (port, id) in ports.iter().zip(1u64..) {
         let mut cmd = Command::new(&exe);
         cmd.arg("serve")
             .args(["--id", &id.to_string()])
+            .args(["--worker-threads", &threads])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(root.join(format!("node-{id}")))

@@ -164,7 +164,14 @@ fn main() {
     // `palisade sim` runs thousands of simulated nodes in this process: their
     // role changes and snapshots are not news (PALISADE_LOG still shows them).
     init_logging(cli.log_format, matches!(cli.command, Command::Sim(_)));
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Command::Serve(a) = &cli.command
+        && let Some(threads) = a.worker_threads()
+    {
+        runtime.worker_threads(threads);
+    }
+    let runtime = runtime.build().expect("tokio runtime");
     let code = runtime.block_on(async {
         match cli.command {
             Command::Serve(a) => server_cmd::serve(a).await,

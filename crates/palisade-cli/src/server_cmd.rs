@@ -142,6 +142,20 @@ pub struct ServeArgs {
     /// where only your monitoring reaches.
     #[arg(long, env = "PALISADE_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Threads that run this node's work (default: one per core). Nodes that
+    /// share a machine should share its cores: `palisade dev-cluster` gives
+    /// each of its nodes cores ÷ nodes (at least one), since threads beyond
+    /// the cores only add context switches to every commit.
+    #[arg(long, env = "PALISADE_WORKER_THREADS",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
+}
+
+impl ServeArgs {
+    /// The runtime's worker threads, when given.
+    pub fn worker_threads(&self) -> Option<usize> {
+        self.worker_threads.map(usize::from)
+    }
 }
 
 #[cfg(test)]

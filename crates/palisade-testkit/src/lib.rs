@@ -17,7 +17,7 @@ mod zookeeper;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use fence_store::FenceStoreProcess;
-pub use palisade::PalisadeNode;
+pub use palisade::{PalisadeNode, colocated_worker_threads};
 pub use postgres::PostgresServer;
 pub use prometheus::PrometheusServer;
 pub use redis::RedisServer;
