@@ -154,7 +154,7 @@ fn bench_scale_reports_one_object_with_the_documented_fields() {
 }
 
 #[test]
-fn bench_server_rows_carry_the_leaders_commit_latency() {
+fn bench_server_rows_carry_the_leaders_commit_latency_and_the_nodes_cpu() {
     let rows = json_rows(&[
         "bench",
         "server",
@@ -187,6 +187,12 @@ fn bench_server_rows_carry_the_leaders_commit_latency() {
         assert!(r["pairs"].as_u64().unwrap() >= 1, "no work done: {r}");
         // Entries were committed during the row, so the leader has a figure.
         assert!(r["commit_p50_us"].as_u64().is_some_and(|us| us > 0), "{r}");
+        // The bench started the nodes, so it read their CPU time; committing
+        // entries costs some.
+        assert!(
+            r["server_cpu_us_per_op"].as_u64().is_some_and(|us| us > 0),
+            "{r}"
+        );
     }
 }
 

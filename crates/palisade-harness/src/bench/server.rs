@@ -82,6 +82,10 @@ struct Row {
     /// appending a batch of entries to applying it, i.e. committing it, over
     /// its last 1,024 batches (`null` if the leader does not report it).
     commit_p50_us: Option<u64>,
+    /// The CPU time all nodes spent during the row (user + system, from
+    /// `/proc`), per acquire or release; `null` for nodes this bench did not
+    /// start (`--endpoints`).
+    server_cpu_us_per_op: Option<u64>,
 }
 
 /// Runs the benchmark; returns the exit status.
@@ -145,7 +149,7 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
     let mut curves: Vec<(String, Sorted)> = Vec::new();
     for (n, given) in setups {
         // Kept alive until this setup is measured; killed on drop.
-        let (_nodes, endpoints) = if given.is_empty() {
+        let (nodes, endpoints) = if given.is_empty() {
             bar.set_message(format!("starting a {n}-node cluster"));
             let nodes = PalisadeNode::cluster_with(&exe, n, tls_args)?;
             let endpoints: Vec<String> = nodes.iter().map(PalisadeNode::addr).collect();
@@ -161,29 +165,31 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
         wait_for_leader(target).await?;
         for &clients in &a.clients {
             bar.set_message(format!("{n} node(s), {clients} uncontended client(s)"));
-            let m = locks::uncontended(sessions(target, clients).await?, a.duration).await?;
+            let ready = sessions(target, clients).await?;
+            let cpu = CpuMeter::start(&nodes);
+            let m = locks::uncontended(ready, a.duration).await?;
+            let cpu = cpu.per_op(m.pairs * 2);
             let commit = commit_p50(target).await;
             rows.push(row(
-                n,
-                target.tls.is_some(),
-                clients,
-                "uncontended",
+                (n, target.tls.is_some(), clients, "uncontended"),
                 &m,
                 commit,
+                cpu,
             ));
             curves.push((format!("acquire, {n} node(s) ×{clients}"), m.acquire));
             bar.inc(1);
         }
         bar.set_message(format!("{n} node(s), {} contended clients", a.contenders));
-        let m = locks::contended(sessions(target, a.contenders).await?, a.duration).await?;
+        let ready = sessions(target, a.contenders).await?;
+        let cpu = CpuMeter::start(&nodes);
+        let m = locks::contended(ready, a.duration).await?;
+        let cpu = cpu.per_op(m.pairs * 2);
         let commit = commit_p50(target).await;
         rows.push(row(
-            n,
-            target.tls.is_some(),
-            a.contenders,
-            "contended",
+            (n, target.tls.is_some(), a.contenders, "contended"),
             &m,
             commit,
+            cpu,
         ));
         curves.push((format!("handoff, {n} node(s) ×{}", a.contenders), m.handoff));
         bar.inc(1);
@@ -257,13 +263,55 @@ async fn commit_p50(target: &Target) -> Option<u64> {
     status.commit_latency.map(|(p50, _)| p50.as_micros() as u64)
 }
 
+/// The CPU time of the nodes this bench started, from the start of a row.
+struct CpuMeter {
+    pids: Vec<u32>,
+    /// Their CPU time at the start; `None` when it cannot be read (or there
+    /// are no such nodes).
+    at_start: Option<Duration>,
+}
+
+impl CpuMeter {
+    fn start(nodes: &[PalisadeNode]) -> CpuMeter {
+        let pids: Vec<u32> = nodes.iter().filter_map(PalisadeNode::pid).collect();
+        let complete = !pids.is_empty() && pids.len() == nodes.len();
+        CpuMeter {
+            at_start: complete.then(|| cpu_time(&pids)).flatten(),
+            pids,
+        }
+    }
+
+    /// The CPU time spent since the start per operation, in µs.
+    fn per_op(self, ops: usize) -> Option<u64> {
+        let spent = cpu_time(&self.pids)?.checked_sub(self.at_start?)?;
+        (ops > 0).then(|| (spent.as_micros() / ops as u128) as u64)
+    }
+}
+
+/// The user + system CPU time of processes `pids` so far (`/proc/PID/stat`).
+fn cpu_time(pids: &[u32]) -> Option<Duration> {
+    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let mut ticks = 0u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The fields after the command name, which is in parentheses and may
+        // contain spaces: state is the first, utime and stime the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        for f in &fields[11..13] {
+            ticks += f.parse::<u64>().ok()?;
+        }
+    }
+    Some(Duration::from_secs_f64(ticks as f64 / ticks_per_s as f64))
+}
+
+/// (nodes, TLS, clients, workload) of a row.
+type RowKey = (u64, bool, usize, &'static str);
+
 fn row(
-    nodes: u64,
-    tls: bool,
-    clients: usize,
-    workload: &'static str,
+    (nodes, tls, clients, workload): RowKey,
     m: &Measured,
     commit_p50_us: Option<u64>,
+    server_cpu_us_per_op: Option<u64>,
 ) -> Row {
     let contended = workload == "contended";
     Row {
@@ -278,13 +326,14 @@ fn row(
         handoff_p99_us: contended.then(|| m.handoff.percentile(99.0)).flatten(),
         pairs: m.pairs,
         commit_p50_us,
+        server_cpu_us_per_op,
     }
 }
 
 fn print_table(rows: &[Row]) {
     let f = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
     println!(
-        "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11} {:>10}",
+        "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10}",
         "nodes",
         "tls",
         "clients",
@@ -294,11 +343,12 @@ fn print_table(rows: &[Row]) {
         "pairs/s",
         "handoff_p50",
         "handoff_p99",
-        "commit_p50"
+        "commit_p50",
+        "cpu_per_op"
     );
     for r in rows {
         println!(
-            "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11} {:>10}",
+            "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11} {:>10} {:>10}",
             r.nodes,
             if r.tls { "on" } else { "off" },
             r.clients,
@@ -308,11 +358,13 @@ fn print_table(rows: &[Row]) {
             r.pairs_per_s,
             f(r.handoff_p50_us),
             f(r.handoff_p99_us),
-            f(r.commit_p50_us)
+            f(r.commit_p50_us),
+            f(r.server_cpu_us_per_op)
         );
     }
     println!(
         "(latencies in µs; durable commits: every acknowledged grant is fsynced on a majority;\n\
-         commit_p50: the leader's median from appending a batch of entries to committing it)"
+         commit_p50: the leader's median from appending a batch of entries to committing it;\n\
+         cpu_per_op: CPU time of all nodes together per acquire or release)"
     );
 }
