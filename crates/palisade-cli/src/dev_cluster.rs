@@ -71,12 +71,11 @@ pub async fn run(a: DevClusterArgs) -> Result<i32> {
     let mut children: Vec<Child> = Vec::new();
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
     // The nodes share this machine's cores.
-    let threads = palisade_testkit::colocated_worker_threads(a.nodes).to_string();
+    let threads = palisade_testkit::colocated_worker_threads(a.nodes);
     for (port, id) in ports.iter().zip(1u64..) {
         let mut cmd = Command::new(&exe);
         cmd.arg("serve")
             .args(["--id", &id.to_string()])
-            .args(["--worker-threads", &threads])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(root.join(format!("node-{id}")))
@@ -86,6 +85,9 @@ pub async fn run(a: DevClusterArgs) -> Result<i32> {
             .kill_on_drop(true);
         if a.nodes > 1 {
             cmd.args(["--initial-cluster", &members.join(",")]);
+        }
+        if let Some(threads) = threads {
+            cmd.args(["--worker-threads", &threads.to_string()]);
         }
         if let Some(m) = a.metrics_port {
             let port = m + (id - 1) as u16;

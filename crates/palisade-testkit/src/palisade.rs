@@ -8,12 +8,15 @@ use std::time::Duration;
 use crate::{free_ports, loopback, wait_until};
 
 /// The `--worker-threads` of each of `nodes` nodes sharing this machine: its
-/// cores split between them, at least one each. Threads beyond the cores only
-/// add context switches to every commit (three nodes on two cores, each with
-/// a thread per core, spent ~30 % more CPU per operation than with one each).
-pub fn colocated_worker_threads(nodes: u64) -> usize {
+/// cores split between them, at least one each; `None` when
+/// `PALISADE_WORKER_THREADS` is set (the nodes inherit it). Threads beyond the
+/// cores only add context switches to every commit.
+pub fn colocated_worker_threads(nodes: u64) -> Option<usize> {
+    if std::env::var_os("PALISADE_WORKER_THREADS").is_some() {
+        return None;
+    }
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    (cores / nodes.max(1) as usize).max(1)
+    Some((cores / nodes.max(1) as usize).max(1))
 }
 
 /// One Palisade node, run from the binary at `bin`, with its data in its own
@@ -109,7 +112,7 @@ impl PalisadeNode {
         for node in &mut nodes {
             node.initial_cluster = Some(spec.clone());
             node.extra_args = args(node.id);
-            node.worker_threads = Some(colocated_worker_threads(n));
+            node.worker_threads = colocated_worker_threads(n);
         }
         for node in &mut nodes {
             node.start()?;
