@@ -257,9 +257,21 @@ async fn sessions(target: &Target, n: usize) -> Result<Vec<Box<dyn FencedLocks>>
     Ok(sessions)
 }
 
-/// The leader's commit p50 as it reports it now, if it does.
+/// The leader's commit p50 as it reports it now, if it does. A node answers
+/// `Status` with its own figure, and a follower's is the time until it learns
+/// of the commit (with the next entries), so the leader itself is asked.
 async fn commit_p50(target: &Target) -> Option<u64> {
-    let status = Admin::new(&config(target)).ok()?.status().await.ok()?;
+    let mut status = Admin::new(&config(target)).ok()?.status().await.ok()?;
+    if status.leader != Some(status.id) {
+        let leader = status.leader?;
+        let addr = status.members.iter().find(|m| m.id == leader)?.addr.clone();
+        let mut at_leader = config(target);
+        at_leader.endpoints = vec![addr];
+        status = Admin::new(&at_leader).ok()?.status().await.ok()?;
+        if status.id != leader {
+            return None;
+        }
+    }
     status.commit_latency.map(|(p50, _)| p50.as_micros() as u64)
 }
 
