@@ -309,7 +309,7 @@ fn cpu_time(pids: &[u32]) -> Option<Duration> {
         // The fields after the command name, which is in parentheses and may
         // contain spaces: state is the first, utime and stime the 12th and 13th.
         let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        for f in &fields[11..13] {
+        for f in fields.get(11..13)? {
             ticks += f.parse::<u64>().ok()?;
         }
     }
