@@ -8,17 +8,21 @@
 //! - `palisade × 16`, `rslock × 16`: sixteen tasks sharing one manager.
 //!
 //! Rows are measured in interleaved rounds and pooled, so that a passing
-//! disturbance does not land on one row only.
+//! disturbance does not land on one row only. Each row also says how much CPU
+//! the bench process (`client_us`) and the five servers (`servers_us`) used per
+//! pair: on a small machine they share the cores, so a client that costs less
+//! leaves more to the servers.
 //!
 //! ```text
 //! cargo bench -p palisade-redis --bench rslock [-- --seconds 6 --rounds 3 --tasks 16]
+//! cargo bench -p palisade-redis --bench rslock -- --only palisade16,rslock16
 //! ```
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use palisade_redis::{AcquireOptions, Redlock, RedlockConfig};
-use palisade_testkit::RedisServer;
+use palisade_testkit::{RedisServer, cpu_time};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -46,6 +50,9 @@ struct Row {
     pairs: usize,
     failed: usize,
     wall: Duration,
+    /// CPU time of the bench process and of the servers during the row.
+    client_cpu: Duration,
+    servers_cpu: Duration,
 }
 
 fn main() -> Result<(), Error> {
@@ -60,30 +67,54 @@ fn main() -> Result<(), Error> {
     let seconds = arg("--seconds", 6);
     let rounds = arg("--rounds", 3).max(1) as u32;
     let tasks = arg("--tasks", 16) as usize;
+    // Rows to run, by name and tasks (`palisade16`); all of them by default.
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_owned).collect());
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(run(Duration::from_secs(seconds), rounds, tasks))
+        .block_on(run(Duration::from_secs(seconds), rounds, tasks, only))
 }
 
-async fn run(duration: Duration, rounds: u32, tasks: usize) -> Result<(), Error> {
+async fn run(
+    duration: Duration,
+    rounds: u32,
+    tasks: usize,
+    only: Option<Vec<String>>,
+) -> Result<(), Error> {
     let servers = (0..5)
         .map(|_| RedisServer::start())
         .collect::<std::io::Result<Vec<_>>>()?;
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-    let plan = [
+    let server_pids: Vec<u32> = servers.iter().filter_map(RedisServer::pid).collect();
+    let me = [std::process::id()];
+    let plan: Vec<(Contender, usize)> = [
         (Contender::Raw, 1),
         (Contender::Palisade, 1),
         (Contender::Rslock, 1),
         (Contender::Palisade, tasks),
         (Contender::Rslock, tasks),
-    ];
+    ]
+    .into_iter()
+    .filter(|(c, t)| only.as_ref().is_none_or(|o| o.contains(&key(*c, *t))))
+    .collect();
     let mut rows: Vec<Row> = plan.iter().map(|_| Row::default()).collect();
     let slice = duration / rounds;
     for round in 1..=rounds {
         eprintln!("round {round}/{rounds}");
         for ((contender, tasks), row) in plan.iter().zip(rows.iter_mut()) {
+            let cpu_before = (cpu_time(&me), cpu_time(&server_pids));
             let m = measure(*contender, *tasks, &urls, slice).await?;
+            let spent = |before: Option<Duration>, now: Option<Duration>| {
+                now.zip(before)
+                    .map(|(n, b)| n.saturating_sub(b))
+                    .unwrap_or_default()
+            };
+            row.client_cpu += spent(cpu_before.0, cpu_time(&me));
+            row.servers_cpu += spent(cpu_before.1, cpu_time(&server_pids));
             row.acquire_us.extend(m.acquire_us);
             row.pairs += m.pairs;
             row.failed += m.failed;
@@ -91,8 +122,8 @@ async fn run(duration: Duration, rounds: u32, tasks: usize) -> Result<(), Error>
         }
     }
     println!(
-        "{:<13} {:>6} {:>9} {:>9} {:>10} {:>7}",
-        "contender", "tasks", "acq_p50", "acq_p99", "pairs/s", "failed"
+        "{:<13} {:>6} {:>9} {:>9} {:>10} {:>7} {:>10} {:>10}",
+        "contender", "tasks", "acq_p50", "acq_p99", "pairs/s", "failed", "client_us", "servers_us"
     );
     let mut rates = Vec::new();
     let mut p50s = Vec::new();
@@ -100,34 +131,57 @@ async fn run(duration: Duration, rounds: u32, tasks: usize) -> Result<(), Error>
         row.acquire_us.sort_unstable();
         let p = |q: f64| percentile(&row.acquire_us, q);
         let rate = row.pairs as f64 / row.wall.as_secs_f64();
+        let per_pair = |cpu: Duration| cpu.as_micros() as f64 / row.pairs.max(1) as f64;
         let name = match contender {
             Contender::Raw => "raw-set-del",
             Contender::Palisade => "palisade",
             Contender::Rslock => "rslock",
         };
         println!(
-            "{name:<13} {tasks:>6} {:>9} {:>9} {rate:>10.0} {:>7}",
+            "{name:<13} {tasks:>6} {:>9} {:>9} {rate:>10.0} {:>7} {:>10.1} {:>10.1}",
             p(50.0),
             p(99.0),
-            row.failed
+            row.failed,
+            per_pair(row.client_cpu),
+            per_pair(row.servers_cpu),
         );
-        rates.push(rate);
-        p50s.push(p(50.0) as f64);
+        rates.push((key(*contender, *tasks), rate));
+        p50s.push((key(*contender, *tasks), p(50.0) as f64));
     }
-    println!("(acquire latencies in µs; acquire+release pairs per second over all tasks)");
     println!(
-        "palisade ×{tasks} shared ÷ rslock ×{tasks} shared: {:.2} (goal ≥ 2)",
-        rates[3] / rates[4]
+        "(acquire latencies in µs; acquire+release pairs per second over all tasks; \
+         CPU µs per pair of the bench process and of the five servers)"
     );
-    println!(
-        "palisade ×1 ÷ raw SET+DEL ×1: {:.2} (goal ≥ 0.9)",
-        rates[1] / rates[0]
-    );
-    println!(
-        "palisade ×1 acquire p50 ÷ rslock ×1's: {:.2} (goal ≤ 0.6)",
-        p50s[1] / p50s[2]
-    );
+    let find = |v: &[(String, f64)], c: Contender, t: usize| {
+        v.iter().find(|(k, _)| *k == key(c, t)).map(|(_, x)| *x)
+    };
+    let (p, r) = (Contender::Palisade, Contender::Rslock);
+    if let (Some(a), Some(b)) = (find(&rates, p, tasks), find(&rates, r, tasks)) {
+        println!(
+            "palisade ×{tasks} shared ÷ rslock ×{tasks} shared: {:.2} (goal ≥ 2)",
+            a / b
+        );
+    }
+    if let (Some(a), Some(b)) = (find(&rates, p, 1), find(&rates, Contender::Raw, 1)) {
+        println!("palisade ×1 ÷ raw SET+DEL ×1: {:.2} (goal ≥ 0.9)", a / b);
+    }
+    if let (Some(a), Some(b)) = (find(&p50s, p, 1), find(&p50s, r, 1)) {
+        println!(
+            "palisade ×1 acquire p50 ÷ rslock ×1's: {:.2} (goal ≤ 0.6)",
+            a / b
+        );
+    }
     Ok(())
+}
+
+/// A row's name for `--only`: the contender and its tasks, as `palisade16`.
+fn key(contender: Contender, tasks: usize) -> String {
+    let name = match contender {
+        Contender::Raw => "raw",
+        Contender::Palisade => "palisade",
+        Contender::Rslock => "rslock",
+    };
+    format!("{name}{tasks}")
 }
 
 async fn measure(

@@ -6,6 +6,7 @@
 //! named by each server type.
 
 pub mod clock;
+mod cpu;
 mod etcd;
 mod fence_store;
 mod palisade;
@@ -15,6 +16,7 @@ mod redis;
 mod silent;
 mod zookeeper;
 
+pub use cpu::cpu_time;
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use fence_store::FenceStoreProcess;
 pub use palisade::{PalisadeNode, colocated_worker_threads};

@@ -15,7 +15,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use palisade_client::{Admin, Client, ClientConfig, TlsOptions};
 use palisade_core::FencedLocks;
-use palisade_testkit::PalisadeNode;
+use palisade_testkit::{PalisadeNode, cpu_time};
 use serde::Serialize;
 
 use super::locks::{self, Measured};
@@ -298,22 +298,6 @@ impl CpuMeter {
         let spent = cpu_time(&self.pids)?.checked_sub(self.at_start?)?;
         (ops > 0).then(|| (spent.as_micros() / ops as u128) as u64)
     }
-}
-
-/// The user + system CPU time of processes `pids` so far (`/proc/PID/stat`).
-fn cpu_time(pids: &[u32]) -> Option<Duration> {
-    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
-    let mut ticks = 0u64;
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The fields after the command name, which is in parentheses and may
-        // contain spaces: state is the first, utime and stime the 12th and 13th.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        for f in fields.get(11..13)? {
-            ticks += f.parse::<u64>().ok()?;
-        }
-    }
-    Some(Duration::from_secs_f64(ticks as f64 / ticks_per_s as f64))
 }
 
 /// (nodes, TLS, clients, workload) of a row.
