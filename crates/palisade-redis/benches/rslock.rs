@@ -53,6 +53,9 @@ struct Row {
     /// CPU time of the bench process and of the servers during the row.
     client_cpu: Duration,
     servers_cpu: Duration,
+    /// Palisade's batches and the requests they carried (`Redlock::batch_stats`).
+    batches: u64,
+    requests: u64,
 }
 
 fn main() -> Result<(), Error> {
@@ -119,11 +122,21 @@ async fn run(
             row.pairs += m.pairs;
             row.failed += m.failed;
             row.wall += m.wall;
+            row.batches += m.batches;
+            row.requests += m.requests;
         }
     }
     println!(
-        "{:<13} {:>6} {:>9} {:>9} {:>10} {:>7} {:>10} {:>10}",
-        "contender", "tasks", "acq_p50", "acq_p99", "pairs/s", "failed", "client_us", "servers_us"
+        "{:<13} {:>6} {:>9} {:>9} {:>10} {:>7} {:>10} {:>10} {:>6}",
+        "contender",
+        "tasks",
+        "acq_p50",
+        "acq_p99",
+        "pairs/s",
+        "failed",
+        "client_us",
+        "servers_us",
+        "batch"
     );
     let mut rates = Vec::new();
     let mut p50s = Vec::new();
@@ -137,8 +150,13 @@ async fn run(
             Contender::Palisade => "palisade",
             Contender::Rslock => "rslock",
         };
+        let batch = if row.batches > 0 {
+            format!("{:.1}", row.requests as f64 / row.batches as f64)
+        } else {
+            "-".to_owned()
+        };
         println!(
-            "{name:<13} {tasks:>6} {:>9} {:>9} {rate:>10.0} {:>7} {:>10.1} {:>10.1}",
+            "{name:<13} {tasks:>6} {:>9} {:>9} {rate:>10.0} {:>7} {:>10.1} {:>10.1} {batch:>6}",
             p(50.0),
             p(99.0),
             row.failed,
@@ -150,7 +168,8 @@ async fn run(
     }
     println!(
         "(acquire latencies in µs; acquire+release pairs per second over all tasks; \
-         CPU µs per pair of the bench process and of the five servers)"
+         CPU µs per pair of the bench process and of the five servers; \
+         batch: Palisade's mean requests per pipeline)"
     );
     let find = |v: &[(String, f64)], c: Contender, t: usize| {
         v.iter().find(|(k, _)| *k == key(c, t)).map(|(_, x)| *x)
@@ -225,6 +244,10 @@ async fn measure(
         row.pairs += r.pairs;
         row.failed += r.failed;
         row.wall = row.wall.max(r.wall);
+    }
+    if let Manager::Palisade(m) = &manager {
+        let stats = m.batch_stats();
+        (row.batches, row.requests) = (stats.batches, stats.requests);
     }
     Ok(row)
 }

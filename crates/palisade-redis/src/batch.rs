@@ -17,6 +17,7 @@
 //! even after every caller has been answered, so a release reaches every node
 //! that can be reached, not only the majority that settled it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -76,6 +77,29 @@ struct Queued {
 #[derive(Default)]
 pub(crate) struct Batcher {
     queue: Mutex<Queue>,
+    /// Pipelines sent (one per batch, each to every node) and the requests
+    /// they carried, since the manager was made.
+    batches: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// How well a manager's concurrent requests were batched: the mean batch is
+/// `requests / batches`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Batches sent; each went to every node as one pipeline.
+    pub batches: u64,
+    /// Requests (acquisitions, releases, extensions) they carried.
+    pub requests: u64,
+}
+
+impl Batcher {
+    pub fn stats(&self) -> BatchStats {
+        BatchStats {
+            batches: self.batches.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -125,7 +149,7 @@ pub(crate) async fn ask_all(
                 q.forming = false;
                 std::mem::take(&mut q.requests)
             };
-            run(&nodes, requests).await;
+            run(&nodes, &batcher, requests).await;
         });
     }
     // The batch task ends only by answering; an error here means the runtime is
@@ -136,7 +160,7 @@ pub(crate) async fn ask_all(
 }
 
 /// Sends a batch: requests with the same per-node timeout share pipelines.
-async fn run(nodes: &[Node], mut requests: Vec<Queued>) {
+async fn run(nodes: &[Node], batcher: &Batcher, mut requests: Vec<Queued>) {
     // One manager normally uses one TTL, hence one timeout: one group.
     requests.sort_by_key(|q| q.timeout);
     let mut groups = Vec::new();
@@ -148,6 +172,8 @@ async fn run(nodes: &[Node], mut requests: Vec<Queued>) {
             .take_while(|q| q.timeout == timeout)
             .count();
         let rest = requests.split_off(len);
+        batcher.batches.fetch_add(1, Ordering::Relaxed);
+        batcher.requests.fetch_add(len as u64, Ordering::Relaxed);
         groups.push(run_group(
             nodes,
             timeout,

@@ -36,6 +36,7 @@ mod node;
 mod redlock;
 mod tally;
 
+pub use batch::BatchStats;
 pub use error::{NodeCounts, RedisLockError};
 pub use guard::RedisGuard;
 pub use redlock::{AcquireOptions, Redlock, RedlockConfig};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use palisade_core::InputError;
 use palisade_core::limits::{validate_name, validate_ttl};
 
-use crate::batch::{self, Batcher, Item, Request};
+use crate::batch::{self, BatchStats, Batcher, Item, Request};
 use crate::budget::{default_drift, validity};
 use crate::error::RedisLockError;
 use crate::guard::RedisGuard;
@@ -258,6 +258,14 @@ impl Redlock {
     /// Nodes that must grant: ⌊N/2⌋+1.
     pub fn quorum(&self) -> usize {
         self.inner.quorum
+    }
+
+    /// How the requests of this manager and its clones were batched so far:
+    /// concurrent requests share one pipeline per node, so with many tasks
+    /// sharing a manager the mean batch (`requests / batches`) approaches the
+    /// number of tasks.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.inner.batcher.stats()
     }
 
     /// Acquires `name`, retrying after jittered delays as configured.

@@ -383,6 +383,11 @@ async fn a_burst_of_distinct_keys_through_one_manager_is_granted_and_released() 
         .into_iter()
         .collect::<Result<_, _>>()
         .expect("every distinct key is free");
+    // Every request was counted once, in some batch (how many batches depends
+    // on the scheduling: not asserted).
+    let stats = lock.batch_stats();
+    assert_eq!(stats.requests, 200, "{stats:?}");
+    assert!((1..=200).contains(&stats.batches), "{stats:?}");
     for i in [0, 99, 199] {
         assert_eq!(holders(&urls, &format!("burst-{i}")).await, 3);
     }
@@ -396,6 +401,7 @@ async fn a_burst_of_distinct_keys_through_one_manager_is_granted_and_released() 
         let counts = r.unwrap();
         assert!(counts.granted >= 2, "{counts}");
     }
+    assert_eq!(lock.batch_stats().requests, 300);
     // A release answers at the majority; the third delete follows on its own.
     for i in [1, 99, 199] {
         let key = format!("burst-{i}");
