@@ -7,7 +7,9 @@
 //!   directions. Throughput is not throttled; latency is added.
 //! - **black hole**: bytes are held (not dropped) until the link is healed, as a
 //!   partition looks to TCP: the connection stays up, nothing gets through, and
-//!   retransmitted data arrives after the heal.
+//!   retransmitted data arrives after the heal. It can hold the answers alone
+//!   (server to client), so requests arrive and are acted on while the client
+//!   hears nothing: a lost reply.
 //! - **sever**: every open connection on the link is closed at once.
 //!
 //! The controls are atomics read on every chunk, so a fault takes effect on data
@@ -33,6 +35,8 @@ const QUEUE: usize = 1024;
 pub struct Link {
     delay_us: AtomicU64,
     black_hole: AtomicBool,
+    /// Only the server-to-client direction is held.
+    replies_held: AtomicBool,
     /// Bumped to sever every open connection.
     generation: AtomicU64,
     changed: Notify,
@@ -57,9 +61,16 @@ impl Link {
         self.black_hole.store(true, Ordering::SeqCst);
     }
 
-    /// Removes the partition and the delay; held bytes flow again.
+    /// Holds what the server sends until [`Link::heal`]; what the client sends
+    /// still arrives. Severing the link then loses the held answers.
+    pub fn partition_replies(&self) {
+        self.replies_held.store(true, Ordering::SeqCst);
+    }
+
+    /// Removes the partition (both kinds) and the delay; held bytes flow again.
     pub fn heal(&self) {
         self.black_hole.store(false, Ordering::SeqCst);
+        self.replies_held.store(false, Ordering::SeqCst);
         self.set_delay(Duration::ZERO);
         self.changed.notify_waiters();
     }
@@ -83,15 +94,24 @@ impl Link {
         self.redirect.lock().expect("poisoned").unwrap_or(upstream)
     }
 
-    async fn wait_while_partitioned(&self) {
+    async fn wait_while_partitioned(&self, direction: Direction) {
         loop {
             let notified = self.changed.notified();
-            if !self.black_hole.load(Ordering::SeqCst) {
+            let held = self.black_hole.load(Ordering::SeqCst)
+                || (direction == Direction::Replies && self.replies_held.load(Ordering::SeqCst));
+            if !held {
                 return;
             }
             notified.await;
         }
     }
+}
+
+/// Which way bytes go through the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Requests,
+    Replies,
 }
 
 /// A running proxy: clients connect to [`FaultProxy::addr`], traffic goes to the
@@ -155,8 +175,20 @@ async fn relay(client: TcpStream, server: TcpStream, link: Arc<Link>) {
     let generation = link.generation.load(Ordering::SeqCst);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = pipe(client_read, server_write, link.clone());
-    let down = pipe(server_read, client_write, link.clone());
+    let up = pipe(
+        client_read,
+        server_write,
+        link.clone(),
+        Direction::Requests,
+        generation,
+    );
+    let down = pipe(
+        server_read,
+        client_write,
+        link.clone(),
+        Direction::Replies,
+        generation,
+    );
     let severed = async {
         loop {
             let notified = link.changed.notified();
@@ -179,6 +211,8 @@ async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     link: Arc<Link>,
+    direction: Direction,
+    generation: u64,
 ) {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(QUEUE);
     let link_w = link.clone();
@@ -199,7 +233,12 @@ async fn pipe(
     let writer = async move {
         while let Some((due, bytes)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
-            link_w.wait_while_partitioned().await;
+            link_w.wait_while_partitioned(direction).await;
+            // Severed while these bytes waited (a heal may wake this writer
+            // before the relay closes the connection): they are lost.
+            if link_w.generation.load(Ordering::SeqCst) != generation {
+                return;
+            }
             if to.write_all(&bytes).await.is_err() {
                 return;
             }
@@ -294,5 +333,59 @@ mod tests {
         proxy.link().sever();
         let n = c.read(&mut buf).await.unwrap_or(0);
         assert_eq!(n, 0, "severed connection still open");
+    }
+
+    /// An echo server that also reports every chunk it received.
+    async fn recording_echo_server() -> (SocketAddr, mpsc::UnboundedReceiver<Vec<u8>>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        let _ = tx.send(buf[..n].to_vec());
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    #[tokio::test]
+    async fn partitioned_replies_let_requests_through_and_a_sever_loses_the_answers() {
+        let (server, mut received) = recording_echo_server().await;
+        let proxy = FaultProxy::start(server).await.unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.link().partition_replies();
+        c.write_all(b"asked").await.unwrap();
+        assert_eq!(
+            received.recv().await.unwrap(),
+            b"asked",
+            "the request arrived"
+        );
+        let mut buf = [0u8; 5];
+        let early = tokio::time::timeout(Duration::from_millis(100), c.read_exact(&mut buf)).await;
+        assert!(early.is_err(), "an answer crossed the partition");
+        proxy.link().heal();
+        c.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"asked");
+
+        // Held answers die with the connection.
+        proxy.link().partition_replies();
+        c.write_all(b"again").await.unwrap();
+        assert_eq!(received.recv().await.unwrap(), b"again");
+        proxy.link().sever();
+        proxy.link().heal();
+        let n = c.read(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "a held answer arrived after the sever");
     }
 }

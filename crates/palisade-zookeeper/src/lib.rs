@@ -9,11 +9,23 @@
 //!   the server's session timer), on its monotonic clock, minus a safety margin.
 //!   Connected = held; disconnected = jeopardy while that guarantee lasts;
 //!   expired = lost at once.
-//! - **Acquire**: an ephemeral-sequential child `lock-NNNNNNNNNN` under the
-//!   lock's container node `/palisade/locks/NAME` (a container: ZooKeeper removes
-//!   it once empty, so locks leave nothing behind). The lowest sequence holds the
-//!   lock; every other waiter watches only its predecessor (no herd) and looks
-//!   again when it goes.
+//! - **Acquire**: an ephemeral-sequential child `_c_TAG-lock-NNNNNNNNNN` under
+//!   the lock's container node `/palisade/locks/NAME` (a container: ZooKeeper
+//!   removes it once empty, so locks leave nothing behind). The lowest sequence
+//!   holds the lock; every other waiter watches only its predecessor (no herd)
+//!   and looks again when it goes. TAG is 128 random bits drawn for the
+//!   acquisition (Curator's "protected" mode): when a create's answer is lost
+//!   (the connection dropped) while the session lives on, the node may exist
+//!   though no one knows it. The acquisition looks for its tag (after a `sync`)
+//!   and carries on with the node it finds, or creates one if there is none.
+//!   Nodes sort by sequence, whatever their prefix.
+//! - **Nothing left in a queue**: a node whose delete failed (release, give-up,
+//!   a lease dropped), whose create's outcome stayed unknown, or made by an
+//!   acquisition abandoned midway (its future dropped) would wait in
+//!   the queue owned by no one, blocking the lock until this session ends — and
+//!   the session lives as long as this process keeps it alive. They are
+//!   remembered, and deleted by the session's heartbeat once the ensemble
+//!   answers again.
 //! - **Token** = the `czxid` of the own znode: the zxid of the transaction that
 //!   created it. Zxids carry the leader's epoch in their high 32 bits, so they
 //!   only grow across leader changes and restarts, and a later holder's node was
@@ -64,6 +76,145 @@ struct Session {
     /// session deletes them (a lease still alive keeps the ZooKeeper session
     /// itself open, so its ephemeral nodes would otherwise stay).
     held: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Nodes of this session that may sit in a queue owned by no one; the
+    /// heartbeat deletes them.
+    strays: std::sync::Mutex<Vec<Stray>>,
+    /// A sweep of the strays is under way.
+    sweeping: std::sync::atomic::AtomicBool,
+}
+
+/// A node of this session that no acquisition or lease owns any more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stray {
+    /// A node whose delete failed.
+    Node(String),
+    /// Whatever nodes carry `tag` under `parent`: a create whose answer was
+    /// lost and not found again in time.
+    Tagged { parent: String, tag: String },
+}
+
+impl Session {
+    /// Deletes `path`, or remembers it for the heartbeat when the ensemble
+    /// does not answer.
+    async fn delete_or_remember(&self, path: &str) {
+        match self.client.delete(path, None).await {
+            Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => {}
+            Err(e) => {
+                tracing::debug!(%path, error = %e, "zookeeper delete failed; retried by the heartbeat");
+                self.remember(Stray::Node(path.to_owned()));
+            }
+        }
+    }
+
+    fn remember(&self, stray: Stray) {
+        self.strays.lock().expect("poisoned").push(stray);
+    }
+
+    /// Deletes the remembered strays; those the ensemble does not answer for
+    /// are kept for the next round.
+    async fn sweep_strays(&self) {
+        let strays = std::mem::take(&mut *self.strays.lock().expect("poisoned"));
+        for stray in strays {
+            let done = match &stray {
+                Stray::Node(path) => matches!(
+                    self.client.delete(path, None).await,
+                    Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired)
+                ),
+                Stray::Tagged { parent, tag } => match self.tagged_children(parent, tag).await {
+                    Ok(found) => {
+                        let mut all = true;
+                        for name in found {
+                            all &= matches!(
+                                self.client.delete(&format!("{parent}/{name}"), None).await,
+                                Ok(()) | Err(zk::Error::NoNode | zk::Error::SessionExpired)
+                            );
+                        }
+                        all
+                    }
+                    Err(zk::Error::SessionExpired) => true,
+                    Err(_) => false,
+                },
+            };
+            if !done {
+                self.remember(stray);
+            }
+        }
+    }
+
+    /// The children of `parent` that carry `tag`, lowest sequence first, as
+    /// the ensemble has them now (`sync` first: a read may otherwise be served
+    /// by a server that has not applied our create yet).
+    async fn tagged_children(&self, parent: &str, tag: &str) -> Result<Vec<String>, zk::Error> {
+        match self.client.sync(parent).await {
+            Ok(()) => {}
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        }
+        let mut found: Vec<String> = match self.client.get_children(parent).await {
+            Ok((children, _)) => children
+                .into_iter()
+                .filter(|c| c.starts_with(tag))
+                .collect(),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        sort_queue(&mut found);
+        Ok(found)
+    }
+}
+
+/// Remembers an acquisition's tag for the heartbeat unless disarmed (its
+/// `session` taken) before it is dropped.
+struct Abandoned<'a> {
+    session: Option<&'a Session>,
+    parent: &'a str,
+    tag: &'a str,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.session {
+            s.remember(Stray::Tagged {
+                parent: self.parent.to_owned(),
+                tag: self.tag.to_owned(),
+            });
+        }
+    }
+}
+
+/// Whether a failed request may have been carried out all the same: its
+/// answer, not the request, may be what was lost.
+fn outcome_unknown(e: &zk::Error) -> bool {
+    !matches!(
+        e,
+        zk::Error::NoNode
+            | zk::Error::NodeExists
+            | zk::Error::NoAuth
+            | zk::Error::AuthFailed
+            | zk::Error::BadArguments(_)
+            | zk::Error::InvalidAcl
+            | zk::Error::SessionExpired
+            | zk::Error::ClientClosed
+            | zk::Error::NoChildrenForEphemerals
+            | zk::Error::QuotaExceeded
+            | zk::Error::Throttled
+            | zk::Error::Unimplemented
+    )
+}
+
+/// Puts lock nodes in queue order: by their sequence number (the ten digits
+/// after `lock-`), whatever prefix they carry.
+fn sort_queue(children: &mut [String]) {
+    children.sort_by(|a, b| sequence(a).cmp(sequence(b)).then_with(|| a.cmp(b)));
+}
+
+fn sequence(name: &str) -> &str {
+    name.rsplit_once("lock-").map_or(name, |(_, seq)| seq)
+}
+
+/// A fresh tag for one acquisition's node: `_c_` and 128 random bits in hex.
+fn new_tag() -> String {
+    format!("_c_{:032x}-", rand::random::<u128>())
 }
 
 impl Drop for Session {
@@ -122,6 +273,8 @@ impl ZkLocks {
             guarantee: Guarantee::new(sent, ttl),
             heartbeat: std::sync::OnceLock::new(),
             held: std::sync::Mutex::default(),
+            strays: std::sync::Mutex::default(),
+            sweeping: std::sync::atomic::AtomicBool::new(false),
         });
         let task = tokio::spawn(heartbeat(Arc::downgrade(&session)));
         let _ = session.heartbeat.set(task.abort_handle());
@@ -165,45 +318,40 @@ impl ZkLocks {
             return Err(LockError::SessionExpired);
         }
         let parent = format!("{LOCKS}/{}", znode_segment(name));
-        let give_up = Instant::now() + options.wait;
-        // Optimistically create the child first (one write, as Curator does):
-        // the parents are created only when missing. The container may also
-        // vanish between its creation and our child's (it is removed when
-        // empty): create both again then.
-        let mut attempts = 0;
-        let (stat, sequence) = loop {
-            if attempts > 0 {
-                self.ensure_parent(&parent).await?;
-            }
-            match s
-                .client
-                .create(
-                    &format!("{parent}/lock-"),
-                    &[],
-                    &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
-                )
-                .await
-            {
-                Ok(created) => break created,
-                Err(zk::Error::NoNode) if attempts < 6 => attempts += 1,
-                Err(e) => return Err(zk_error(e)),
-            }
+        let tag = new_tag();
+        // An acquisition abandoned midway (its future dropped, say by a
+        // timeout around it) may have made a node no one will delete.
+        let mut abandoned = Abandoned {
+            session: Some(s),
+            parent: &parent,
+            tag: &tag,
         };
-        let me = format!("lock-{sequence}");
+        let result = self.acquire_tagged(name, options, &parent, &tag).await;
+        abandoned.session = None;
+        result
+    }
+
+    async fn acquire_tagged(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        parent: &str,
+        tag: &str,
+    ) -> Result<ZkLease, LockError> {
+        let s = &self.session;
+        let give_up = Instant::now() + options.wait;
+        let (me, czxid) = self.create_node(parent, tag, give_up).await?;
         let path = format!("{parent}/{me}");
-        let token = u64::try_from(stat.czxid)
-            .ok()
-            .and_then(FencingToken::new)
-            .ok_or_else(|| unavailable(format!("zookeeper returned czxid {}", stat.czxid)))?;
-        match self
-            .wait_for_turn(&parent, &me, options.wait, give_up)
-            .await
-        {
+        let Some(token) = u64::try_from(czxid).ok().and_then(FencingToken::new) else {
+            s.delete_or_remember(&path).await;
+            return Err(unavailable(format!("zookeeper returned czxid {czxid}")));
+        };
+        match self.wait_for_turn(parent, &me, options.wait, give_up).await {
             // The grant arrived after the session's guarantee ran out (this
             // process paused, or the reply was held): it may be superseded
             // already, so it is given back, never handed out.
             Ok(()) if s.guarantee.remaining().is_zero() => {
-                let _ = s.client.delete(&path, None).await;
+                s.delete_or_remember(&path).await;
                 Err(LockError::GrantTooLate)
             }
             Ok(()) => {
@@ -217,8 +365,94 @@ impl ZkLocks {
                 })
             }
             Err(e) => {
-                let _ = s.client.delete(&path, None).await;
+                s.delete_or_remember(&path).await;
                 Err(e)
+            }
+        }
+    }
+
+    /// Creates this acquisition's node under `parent` and returns its name and
+    /// `czxid`. Optimistically the child first (one write, as Curator does):
+    /// the parents are created only when missing. The container may also
+    /// vanish between its creation and our child's (it is removed when empty):
+    /// create both again then. A create whose answer was lost is looked for by
+    /// its tag until `give_up` (at least once); a node found is ours.
+    async fn create_node(
+        &self,
+        parent: &str,
+        tag: &str,
+        give_up: Instant,
+    ) -> Result<(String, i64), LockError> {
+        let s = &self.session;
+        let mut missing_parent = 0;
+        loop {
+            let created = s
+                .client
+                .create(
+                    &format!("{parent}/{tag}lock-"),
+                    &[],
+                    &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+                )
+                .await;
+            let lost = match created {
+                Ok((stat, sequence)) => return Ok((format!("{tag}lock-{sequence}"), stat.czxid)),
+                Err(zk::Error::NoNode) if missing_parent < 6 => {
+                    missing_parent += 1;
+                    self.ensure_parent(parent).await?;
+                    continue;
+                }
+                Err(e) if outcome_unknown(&e) => e,
+                Err(e) => return Err(zk_error(e)),
+            };
+            match self.find_tagged(parent, tag, give_up).await {
+                Ok(Some(found)) => return Ok(found),
+                // Not made: create it again while the wait lasts.
+                Ok(None) if Instant::now() < give_up => {}
+                Ok(None) | Err(()) => {
+                    s.remember(Stray::Tagged {
+                        parent: parent.to_owned(),
+                        tag: tag.to_owned(),
+                    });
+                    return Err(zk_error(lost));
+                }
+            }
+        }
+    }
+
+    /// The node carrying `tag` under `parent`, if a create made one: looked
+    /// for until the ensemble answers or `give_up` passes (`Err`). Extra
+    /// nodes with the tag (a create retried after an earlier lost answer) are
+    /// deleted; the first is kept.
+    async fn find_tagged(
+        &self,
+        parent: &str,
+        tag: &str,
+        give_up: Instant,
+    ) -> Result<Option<(String, i64)>, ()> {
+        let s = &self.session;
+        loop {
+            let found = match s.tagged_children(parent, tag).await {
+                Ok(found) => found,
+                Err(e) if outcome_unknown(&e) && Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(_) => return Err(()),
+            };
+            let Some((first, extra)) = found.split_first() else {
+                return Ok(None);
+            };
+            for name in extra {
+                s.delete_or_remember(&format!("{parent}/{name}")).await;
+            }
+            match s.client.check_stat(&format!("{parent}/{first}")).await {
+                Ok(Some(stat)) => return Ok(Some((first.clone(), stat.czxid))),
+                // Gone already (never ours to keep): look again.
+                Ok(None) => continue,
+                Err(e) if outcome_unknown(&e) && Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(_) => return Err(()),
             }
         }
     }
@@ -233,8 +467,7 @@ impl ZkLocks {
         let client = &self.session.client;
         loop {
             let (mut children, _) = client.get_children(parent).await.map_err(zk_error)?;
-            // Sequence numbers are zero-padded: name order is queue order.
-            children.sort();
+            sort_queue(&mut children);
             let Some(at) = children.iter().position(|c| c == me) else {
                 return Err(LockError::SessionExpired);
             };
@@ -291,6 +524,17 @@ async fn heartbeat(session: std::sync::Weak<Session>) {
         match probe {
             Ok(Ok(_)) => {
                 s.guarantee.renewed(sent);
+                // The ensemble answers: a good moment to delete what was left
+                // in a queue while it did not. Beside the heartbeat, so a slow
+                // sweep never holds back the next probe.
+                let pending = !s.strays.lock().expect("poisoned").is_empty();
+                if pending && !s.sweeping.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let s = s.clone();
+                    tokio::spawn(async move {
+                        s.sweep_strays().await;
+                        s.sweeping.store(false, std::sync::atomic::Ordering::SeqCst);
+                    });
+                }
             }
             Ok(Err(zk::Error::SessionExpired)) => {
                 s.guarantee.end();
@@ -381,7 +625,14 @@ impl ZkLease {
                 "the hold on {:?} had already ended (its session expired)",
                 self.name
             ))),
-            Err(e) => Err(zk_error(e)),
+            Err(e) => {
+                // The node may still be there, first in the queue: the
+                // heartbeat deletes it once the ensemble answers.
+                if outcome_unknown(&e) {
+                    self.session.remember(Stray::Node(self.path.clone()));
+                }
+                Err(zk_error(e))
+            }
         }
     }
 }
@@ -428,9 +679,7 @@ impl Drop for ZkLease {
             .remove(&self.path);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (session, path) = (self.session.clone(), std::mem::take(&mut self.path));
-            rt.spawn(async move {
-                let _ = session.client.delete(&path, None).await;
-            });
+            rt.spawn(async move { session.delete_or_remember(&path).await });
         }
     }
 }
@@ -448,6 +697,42 @@ impl std::fmt::Debug for ZkLease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_is_in_sequence_order_whatever_the_prefix() {
+        let mut q: Vec<String> = [
+            "lock-0000000012",
+            "_c_ffff-lock-0000000010",
+            "_c_0000-lock-0000000011",
+            "lock-0000000009",
+        ]
+        .map(String::from)
+        .to_vec();
+        sort_queue(&mut q);
+        assert_eq!(
+            q,
+            [
+                "lock-0000000009",
+                "_c_ffff-lock-0000000010",
+                "_c_0000-lock-0000000011",
+                "lock-0000000012"
+            ]
+        );
+        let (a, b) = (new_tag(), new_tag());
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with("_c_") && a.ends_with('-') && a.len() == 36,
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn only_refusals_are_known_not_to_have_been_carried_out() {
+        assert!(outcome_unknown(&zk::Error::ConnectionLoss));
+        assert!(outcome_unknown(&zk::Error::Timeout));
+        assert!(!outcome_unknown(&zk::Error::NoNode));
+        assert!(!outcome_unknown(&zk::Error::SessionExpired));
+    }
 
     #[test]
     fn names_become_one_distinct_segment() {

@@ -131,6 +131,102 @@ async fn a_holder_cut_off_loses_its_lease_before_another_is_granted() {
     assert!(granted.token() > held.token());
 }
 
+/// Waits until the lock `name` has `n` nodes queued, as a plain client sees
+/// it (or panics after a minute: the fault was not reached).
+async fn until_queued(watcher: &zookeeper_client::Client, name: &str, n: usize) -> Vec<String> {
+    let parent = format!("/palisade/locks/{name}");
+    let give_up = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok((children, _)) = watcher.get_children(&parent).await
+            && children.len() == n
+        {
+            return children;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "{name} never had {n} nodes queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Curator's "protected" case, and an acquisition abandoned midway: a node
+/// was made in the lock's queue, but its maker never learnt of it while the
+/// session lives on. Left there it would reach the head of the queue owned by
+/// no one and block the lock for as long as the session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_whose_maker_lost_track_of_them_do_not_block_the_lock() {
+    let zk = ZooKeeperEnsemble::start(1).unwrap();
+    let direct = zk.connect_string();
+    let proxy = FaultProxy::start(zk.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    // A session long enough to live through the fault.
+    let a = ZkLocks::connect(&proxy.addr().to_string(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let b = ZkLocks::connect(&direct, TTL).await.unwrap();
+    let watcher = zookeeper_client::Client::connect(&direct).await.unwrap();
+
+    // 1. The answer to a's create is lost; the connection drops; the session
+    //    lives on. a must find its node again and hold the lock in its turn.
+    let held = b.acquire("lost", &now_or_never()).await.unwrap();
+    proxy.link().partition_replies();
+    let a = std::sync::Arc::new(a);
+    let acquiring = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire("lost", &waiting(60)).await })
+    };
+    until_queued(&watcher, "lost", 2).await;
+    proxy.link().sever();
+    proxy.link().heal();
+    held.release().await.unwrap();
+    let lease = acquiring
+        .await
+        .unwrap()
+        .expect("a found its node again and was granted the lock");
+    let queue = until_queued(&watcher, "lost", 1).await;
+    let stat = watcher
+        .check_stat(&format!("/palisade/locks/lost/{}", queue[0]))
+        .await
+        .unwrap()
+        .expect("a's node");
+    assert_eq!(
+        lease.token().get(),
+        stat.czxid as u64,
+        "a holds its own node"
+    );
+    lease.release().await.unwrap();
+    let next = b.acquire("lost", &waiting(60)).await.expect("free again");
+    next.release().await.unwrap();
+
+    // 2. An acquisition dropped midway (after its node was made, before it
+    //    heard so): the session's heartbeat deletes the node.
+    let held = b.acquire("dropped", &now_or_never()).await.unwrap();
+    proxy.link().partition_replies();
+    let acquiring = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire("dropped", &waiting(60)).await })
+    };
+    until_queued(&watcher, "dropped", 2).await;
+    acquiring.abort();
+    assert!(acquiring.await.unwrap_err().is_cancelled());
+    proxy.link().heal();
+    held.release().await.unwrap();
+    let next = b
+        .acquire("dropped", &waiting(60))
+        .await
+        .expect("the abandoned node was deleted while a's session lives on");
+    next.release().await.unwrap();
+    // Had a's session ended, its nodes would have gone with it and proven nothing.
+    a.acquire("alive", &now_or_never())
+        .await
+        .expect("a's session lived on through the test")
+        .release()
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_typed_errors() {
     let zk = ZooKeeperEnsemble::start(1).unwrap();
