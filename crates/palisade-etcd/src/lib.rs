@@ -27,7 +27,14 @@
 //!   (during a leader change, say). A leftover is deleted and a new key created,
 //!   so the new grant gets a new, higher token — never the earlier grant's again.
 //! - A wait that ends unanswered (or `wait = 0` on a held lock) deletes the own
-//!   key: nothing is left behind. Lease TTLs are whole seconds in etcd: a TTL is
+//!   key: nothing is left behind. A key whose delete failed (a release, a
+//!   give-up, a lease dropped, all while etcd did not answer), whose create's
+//!   outcome stayed unknown, or made by an acquisition abandoned midway (its
+//!   future dropped) would otherwise wait in the queue owned by no one,
+//!   blocking the lock as long as this session's lease is kept alive: such
+//!   keys are remembered and deleted after a later keep-alive succeeds, each
+//!   only if it is still that key (same create revision, or same random
+//!   value). Lease TTLs are whole seconds in etcd: a TTL is
 //!   rounded up, and the TTL etcd grants (it may raise it) is the one used.
 //! - No lock-delay; plaintext gRPC (`http://`).
 
@@ -158,9 +165,99 @@ struct Session {
     /// The keys of the live `EtcdLease`s of this process: a key of this session
     /// found by `acquire` that is not one of these is a leftover (see there).
     held: std::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
+    /// Keys of this session that may sit in a queue owned by no one; deleted
+    /// after a later keep-alive succeeds.
+    strays: std::sync::Mutex<Vec<Stray>>,
+    /// A sweep of the strays is under way.
+    sweeping: std::sync::atomic::AtomicBool,
+}
+
+/// How long a key whose create's outcome is unknown is looked for: a create
+/// still in flight inside etcd (proposed, not yet committed) may land after
+/// the first look.
+const UNKNOWN_CREATE_WATCH: Duration = Duration::from_secs(30);
+
+/// A key of this session that no acquisition or lease owns any more.
+#[derive(Debug, Clone)]
+enum Stray {
+    /// A key whose delete failed: deleted if it still has this create revision.
+    Made { key: Vec<u8>, revision: i64 },
+    /// A key whose create's outcome is unknown: deleted if it holds this
+    /// value, looked for until `until`.
+    Maybe {
+        key: Vec<u8>,
+        value: [u8; 16],
+        until: Instant,
+    },
 }
 
 impl Session {
+    /// Deletes the key of grant `revision`, or remembers it when etcd does
+    /// not answer.
+    async fn delete_or_remember(&self, key: &[u8], revision: i64) {
+        if delete(self, key).await.is_err() {
+            self.remember(Stray::Made {
+                key: key.to_vec(),
+                revision,
+            });
+        }
+    }
+
+    fn remember(&self, stray: Stray) {
+        self.strays.lock().expect("poisoned").push(stray);
+    }
+
+    /// Deletes the remembered strays that are still what was remembered; keeps
+    /// those etcd does not answer for, and unknown creates still watched.
+    async fn sweep_strays(&self) {
+        let strays = std::mem::take(&mut *self.strays.lock().expect("poisoned"));
+        for stray in strays {
+            let (key, compare_target, target) = match &stray {
+                Stray::Made { key, revision } => (
+                    key,
+                    CompareTarget::Create,
+                    TargetUnion::CreateRevision(*revision),
+                ),
+                Stray::Maybe { key, value, .. } => (
+                    key,
+                    CompareTarget::Value,
+                    TargetUnion::Value(value.to_vec()),
+                ),
+            };
+            let txn = pb::TxnRequest {
+                compare: vec![pb::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: compare_target as i32,
+                    key: key.clone(),
+                    target_union: Some(target),
+                    range_end: Vec::new(),
+                }],
+                success: vec![pb::RequestOp {
+                    request: Some(Op::RequestDeleteRange(pb::DeleteRangeRequest {
+                        key: key.clone(),
+                        ..Default::default()
+                    })),
+                }],
+                failure: Vec::new(),
+            };
+            let reply = self
+                .members
+                .call(Duration::from_secs(5), |ch| {
+                    let txn = txn.clone();
+                    async move { KvClient::new(ch).txn(txn).await }
+                })
+                .await;
+            let done = match (&stray, reply) {
+                (_, Err(_)) => false,
+                (Stray::Made { .. }, Ok(_)) => true,
+                (Stray::Maybe { until, .. }, Ok(r)) => r.succeeded || Instant::now() >= *until,
+            };
+            if !done {
+                self.remember(stray);
+            }
+        }
+    }
+
     fn stop_keep_alive(&self) {
         if let Some(task) = self.keep_alive.get() {
             task.abort();
@@ -245,6 +342,8 @@ impl EtcdLocks {
             guarantee,
             keep_alive: std::sync::OnceLock::new(),
             held: std::sync::Mutex::default(),
+            strays: std::sync::Mutex::default(),
+            sweeping: std::sync::atomic::AtomicBool::new(false),
         });
         let task = tokio::spawn(keep_alive(Arc::downgrade(&session)));
         let _ = session.keep_alive.set(task.abort_handle());
@@ -277,37 +376,72 @@ impl EtcdLocks {
         let prefix = format!("{PREFIX}{name}/").into_bytes();
         let mut key = prefix.clone();
         key.extend_from_slice(format!("{:016x}", s.lease).as_bytes());
+        // The random value of this acquisition's create: how its key is told
+        // apart from a leftover (see the module docs).
+        let value: [u8; 16] = rand::random();
+        // An acquisition abandoned midway (its future dropped, say by a
+        // timeout around it) may have made a key no one will delete.
+        let mut abandoned = Abandoned {
+            session: Some(s),
+            key: &key,
+            value,
+        };
+        let result = self.acquire_with(name, options, &prefix, &key, value).await;
+        abandoned.session = None;
+        result
+    }
+
+    async fn acquire_with(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        prefix: &[u8],
+        key: &[u8],
+        value: [u8; 16],
+    ) -> Result<EtcdLease, LockError> {
+        let s = &self.session;
         let give_up = Instant::now() + options.wait;
         let budget = Duration::from_secs(10);
-        let my_rev = self.create_key(&key, budget).await?;
-        let token = u64::try_from(my_rev)
-            .ok()
-            .and_then(FencingToken::new)
-            .ok_or_else(|| unavailable(format!("etcd returned revision {my_rev}")))?;
+        let my_rev = match self.create_key(key, value, budget).await {
+            Ok(rev) => rev,
+            Err(e) => {
+                // The create may have landed though its answer did not.
+                s.remember(Stray::Maybe {
+                    key: key.to_vec(),
+                    value,
+                    until: Instant::now() + UNKNOWN_CREATE_WATCH,
+                });
+                return Err(e);
+            }
+        };
+        let Some(token) = u64::try_from(my_rev).ok().and_then(FencingToken::new) else {
+            s.delete_or_remember(key, my_rev).await;
+            return Err(unavailable(format!("etcd returned revision {my_rev}")));
+        };
         let outcome = self
-            .wait_for_predecessors(&prefix, &key, my_rev, options.wait, give_up)
+            .wait_for_predecessors(prefix, key, my_rev, options.wait, give_up)
             .await;
         match outcome {
             // The grant arrived after the session's guarantee ran out (this
             // process paused, or the reply was held): it may be superseded
             // already, so it is given back, never handed out.
             Ok(()) if s.guarantee.remaining().is_zero() => {
-                let _ = delete(s, &key).await;
+                s.delete_or_remember(key, my_rev).await;
                 Err(LockError::GrantTooLate)
             }
             Ok(()) => {
-                s.held.lock().expect("poisoned").insert(key.clone());
+                s.held.lock().expect("poisoned").insert(key.to_vec());
                 Ok(EtcdLease {
                     session: self.session.clone(),
                     name: name.to_owned(),
-                    key,
+                    key: key.to_vec(),
                     token,
                     released: false,
                 })
             }
             Err(e) => {
                 // Leave nothing behind: our queue entry goes.
-                let _ = delete(s, &key).await;
+                s.delete_or_remember(key, my_rev).await;
                 Err(e)
             }
         }
@@ -315,9 +449,13 @@ impl EtcdLocks {
 
     /// Creates this session's key for a lock, or finds it; returns its create
     /// revision. See the module docs for what a key found already there means.
-    async fn create_key(&self, key: &[u8], budget: Duration) -> Result<i64, LockError> {
+    async fn create_key(
+        &self,
+        key: &[u8],
+        nonce: [u8; 16],
+        budget: Duration,
+    ) -> Result<i64, LockError> {
         let s = &self.session;
-        let nonce: [u8; 16] = rand::random();
         for _ in 0..3 {
             let txn = pb::TxnRequest {
                 compare: vec![pb::Compare {
@@ -517,6 +655,26 @@ async fn delete(s: &Session, key: &[u8]) -> Result<i64, LockError> {
     Ok(reply.deleted)
 }
 
+/// Remembers an acquisition's key for the sweep unless disarmed (its
+/// `session` taken) before it is dropped.
+struct Abandoned<'a> {
+    session: Option<&'a Session>,
+    key: &'a [u8],
+    value: [u8; 16],
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.session {
+            s.remember(Stray::Maybe {
+                key: self.key.to_vec(),
+                value: self.value,
+                until: Instant::now() + UNKNOWN_CREATE_WATCH,
+            });
+        }
+    }
+}
+
 /// Keeps the session's lease alive over one stream, reopened after failures.
 async fn keep_alive(session: std::sync::Weak<Session>) {
     loop {
@@ -556,6 +714,17 @@ async fn keep_alive(session: std::sync::Weak<Session>) {
             match reply {
                 Ok(Some(Ok(r))) if r.ttl > 0 => {
                     s.guarantee.renewed(sent);
+                    // etcd answers: a good moment to delete what was left in
+                    // a queue while it did not. Beside the keep-alive, so a
+                    // slow sweep never holds back the next one.
+                    let pending = !s.strays.lock().expect("poisoned").is_empty();
+                    if pending && !s.sweeping.swap(true, Ordering::SeqCst) {
+                        let s = s.clone();
+                        tokio::spawn(async move {
+                            s.sweep_strays().await;
+                            s.sweeping.store(false, Ordering::SeqCst);
+                        });
+                    }
                 }
                 Ok(Some(Ok(_))) => {
                     tracing::warn!(lease, "etcd lease expired");
@@ -638,7 +807,19 @@ impl EtcdLease {
             .lock()
             .expect("poisoned")
             .remove(&self.key);
-        match delete(&self.session, &self.key).await? {
+        let deleted = match delete(&self.session, &self.key).await {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                // The key may still be there, first in the queue: it is
+                // deleted after a later keep-alive succeeds.
+                self.session.remember(Stray::Made {
+                    key: self.key.clone(),
+                    revision: self.token.get() as i64,
+                });
+                return Err(e);
+            }
+        };
+        match deleted {
             1 => Ok(()),
             _ => Err(LockError::NotHolder(format!(
                 "the hold on {:?} had already ended (its session expired)",
@@ -690,9 +871,8 @@ impl Drop for EtcdLease {
             .remove(&self.key);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (session, key) = (self.session.clone(), std::mem::take(&mut self.key));
-            rt.spawn(async move {
-                let _ = delete(&session, &key).await;
-            });
+            let revision = self.token.get() as i64;
+            rt.spawn(async move { session.delete_or_remember(&key, revision).await });
         }
     }
 }

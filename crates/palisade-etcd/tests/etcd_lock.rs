@@ -2,6 +2,7 @@
 //! `etcd-server`), killed with `kill -9` and cut off through the fault proxy.
 //! No assertion depends on how fast the machine is.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use palisade_core::{FencedLease, LockError, LockOptions};
@@ -186,4 +187,105 @@ async fn a_release_that_never_reached_etcd_is_not_granted_again_with_its_token()
         .await
         .unwrap();
     assert!(other.acquire("r", &now_or_never()).await.is_ok());
+}
+
+/// How many keys the lock `name` has queued, read through etcd's JSON gateway
+/// (`POST /v3/kv/range`) on `endpoint`, bypassing the client under test.
+async fn queued(endpoint: &str, name: &str) -> u64 {
+    use base64::Engine as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let prefix = format!("{}{name}/", palisade_etcd::PREFIX).into_bytes();
+    let mut end = prefix.clone();
+    *end.last_mut().unwrap() += 1;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = format!(
+        r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
+        b64.encode(&prefix),
+        b64.encode(&end)
+    );
+    let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
+    let request = format!(
+        "POST /v3/kv/range HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.contains("\"header\""), "not a range answer: {reply}");
+    // JSON of proto3 leaves a zero count out.
+    reply
+        .split("\"count\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Waits until the lock `name` has `n` keys queued (or panics after a minute:
+/// the fault was not reached).
+async fn until_queued(endpoint: &str, name: &str, n: u64) {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while queued(endpoint, name).await != n {
+        assert!(Instant::now() < give_up, "{name} never had {n} keys queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A key its maker lost track of while its session lives on — a release whose
+/// delete never reached etcd, an acquisition dropped midway — must not block
+/// the lock for the others for as long as that session is kept alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_whose_maker_lost_track_of_them_do_not_block_the_lock() {
+    let etcd = EtcdCluster::start(1).unwrap();
+    let direct = etcd.endpoints();
+    let proxy = FaultProxy::start(direct[0].parse().unwrap()).await.unwrap();
+    // A lease long enough to live through the faults below.
+    let a = Arc::new(
+        EtcdLocks::connect(&[proxy.addr().to_string()], Duration::from_secs(15))
+            .await
+            .unwrap(),
+    );
+    let b = EtcdLocks::connect(&direct, TTL).await.unwrap();
+
+    // 1. A release whose delete never reached etcd.
+    let held = a.acquire("gone", &now_or_never()).await.unwrap();
+    proxy.link().partition();
+    assert!(
+        held.release().await.is_err(),
+        "the delete cannot have reached etcd"
+    );
+    proxy.link().sever();
+    proxy.link().heal();
+    let next = b
+        .acquire("gone", &waiting(60))
+        .await
+        .expect("the leftover key was deleted while a's session lives on");
+    next.release().await.unwrap();
+
+    // 2. An acquisition dropped after its key was made, before it heard so.
+    let held = b.acquire("dropped", &now_or_never()).await.unwrap();
+    proxy.link().partition_replies();
+    let acquiring = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire("dropped", &waiting(60)).await.map(|l| l.token()) })
+    };
+    until_queued(&direct[0], "dropped", 2).await;
+    acquiring.abort();
+    assert!(acquiring.await.unwrap_err().is_cancelled());
+    proxy.link().sever();
+    proxy.link().heal();
+    held.release().await.unwrap();
+    let next = b
+        .acquire("dropped", &waiting(60))
+        .await
+        .expect("the abandoned key was deleted while a's session lives on");
+    next.release().await.unwrap();
+
+    // Had a's lease ended, its keys would have gone with it and proven nothing.
+    a.acquire("alive", &now_or_never())
+        .await
+        .expect("a's session lived on through the test")
+        .release()
+        .await
+        .unwrap();
 }
