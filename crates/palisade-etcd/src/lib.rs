@@ -224,22 +224,7 @@ impl Session {
                     TargetUnion::Value(value.to_vec()),
                 ),
             };
-            let txn = pb::TxnRequest {
-                compare: vec![pb::Compare {
-                    result: CompareResult::Equal as i32,
-                    target: compare_target as i32,
-                    key: key.clone(),
-                    target_union: Some(target),
-                    range_end: Vec::new(),
-                }],
-                success: vec![pb::RequestOp {
-                    request: Some(Op::RequestDeleteRange(pb::DeleteRangeRequest {
-                        key: key.clone(),
-                        ..Default::default()
-                    })),
-                }],
-                failure: Vec::new(),
-            };
+            let txn = delete_if(key, compare_target, target);
             let reply = self
                 .members
                 .call(Duration::from_secs(5), |ch| {
@@ -501,22 +486,11 @@ impl EtcdLocks {
             }
             // A leftover of an earlier hold or wait: delete it (if it is still
             // that very key) and create a new one behind everyone queued.
-            let delete_leftover = pb::TxnRequest {
-                compare: vec![pb::Compare {
-                    result: CompareResult::Equal as i32,
-                    target: CompareTarget::Mod as i32,
-                    key: key.to_vec(),
-                    target_union: Some(TargetUnion::ModRevision(kv.mod_revision)),
-                    range_end: Vec::new(),
-                }],
-                success: vec![pb::RequestOp {
-                    request: Some(Op::RequestDeleteRange(pb::DeleteRangeRequest {
-                        key: key.to_vec(),
-                        ..Default::default()
-                    })),
-                }],
-                failure: Vec::new(),
-            };
+            let delete_leftover = delete_if(
+                key,
+                CompareTarget::Mod,
+                TargetUnion::ModRevision(kv.mod_revision),
+            );
             s.members
                 .call(budget, |ch| {
                     let txn = delete_leftover.clone();
@@ -635,6 +609,27 @@ async fn watch_delete(s: &Session, key: Vec<u8>, start: i64) {
     s.members.rotate();
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(tx);
+}
+
+/// A transaction that deletes `key` only if its `target` still equals `value`
+/// (it is still the key we mean, not a later one of the same name).
+fn delete_if(key: &[u8], target: CompareTarget, value: TargetUnion) -> pb::TxnRequest {
+    pb::TxnRequest {
+        compare: vec![pb::Compare {
+            result: CompareResult::Equal as i32,
+            target: target as i32,
+            key: key.to_vec(),
+            target_union: Some(value),
+            range_end: Vec::new(),
+        }],
+        success: vec![pb::RequestOp {
+            request: Some(Op::RequestDeleteRange(pb::DeleteRangeRequest {
+                key: key.to_vec(),
+                ..Default::default()
+            })),
+        }],
+        failure: Vec::new(),
+    }
 }
 
 async fn delete(s: &Session, key: &[u8]) -> Result<i64, LockError> {
