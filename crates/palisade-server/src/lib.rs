@@ -12,7 +12,9 @@
 //! - [`proposer`]: group commit — concurrent commands on different locks share
 //!   one log entry (and one fsync).
 //! - [`service`]: the gRPC API ([`wire_errors`]: undecodable requests are
-//!   `invalid_input`); [`network`]: Raft traffic between nodes.
+//!   `invalid_input`); [`json_api`]: the same calls as HTTP/JSON, on the same
+//!   listener and through the same service; [`network`]: Raft traffic between
+//!   nodes.
 //! - [`security`]: TLS, separate client and peer listeners, authentication,
 //!   roles by lock-name prefix, session ownership, connection limits.
 //! - [`metrics`]: Prometheus counters, histograms and scrape-time gauges;
@@ -28,6 +30,7 @@
 pub mod commit_clock;
 pub mod http;
 pub mod io;
+pub mod json_api;
 pub mod leader_check;
 pub mod leases;
 pub mod metrics;

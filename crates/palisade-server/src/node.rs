@@ -366,31 +366,32 @@ pub async fn run_on(
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
     };
-    let (client_server, peer_server) = match &tls {
-        Some(tls) => (
-            builder().tls_config(tls.client_listener(&limits)),
-            builder().tls_config(tls.peer_listener(&limits)),
-        ),
-        None => (Ok(builder()), Ok(builder())),
-    };
-    let tls_err = |e: tonic::transport::Error| ServerError::Security(e.to_string());
-    let (client_server, mut peer_server) = (
-        client_server.map_err(tls_err)?,
-        peer_server.map_err(tls_err)?,
-    );
+    let (client_server, mut peer_server) = (builder(), builder());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_rx_http = stop_rx.clone();
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    // gRPC and the HTTP/JSON API (docs/http.md) share the client listener, its
+    // TLS, limits and gatekeeper; HTTP/1.1 is accepted for the JSON calls.
+    let routes = tonic::service::Routes::new(api.locks())
+        .add_service(api.cluster())
+        .into_axum_router()
+        .merge(crate::json_api::router(api.clone()))
+        .fallback(crate::json_api::unknown_path);
     let clients = client_server
+        .accept_http1(true)
         .layer(tower::util::MapResponseLayer::new(
             crate::wire_errors::mark::<tonic::body::Body>,
         ))
-        .add_service(api.locks())
-        .add_service(api.cluster())
+        .add_routes(routes.into())
         .serve_with_incoming_shutdown(
-            incoming(client_listener, limits, counters.clone()),
+            incoming(
+                client_listener,
+                limits,
+                counters.clone(),
+                tls.as_ref().map(Tls::client_listener),
+            ),
             stopped(stop_rx.clone()),
         );
     let peer_check = PeerCheck {
@@ -399,7 +400,15 @@ pub async fn run_on(
     };
     let peers = peer_server
         .add_service(RaftService::new(raft.clone(), peer_check, status.clone()))
-        .serve_with_incoming_shutdown(incoming(peer_listener, limits, counters), stopped(stop_rx));
+        .serve_with_incoming_shutdown(
+            incoming(
+                peer_listener,
+                limits,
+                counters,
+                tls.as_ref().map(Tls::peer_listener),
+            ),
+            stopped(stop_rx),
+        );
     let http = http_listener.map(|listener| {
         let observed = Arc::new(crate::http::Observed {
             raft: raft.clone(),

@@ -19,8 +19,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
+
+use super::TlsAcceptor;
 
 /// Bounds on what one caller can hold open. Each is documented in
 /// docs/security.md and counted in [`Counters`].
@@ -65,6 +68,10 @@ pub struct Counters {
 pub struct ConnInfo {
     /// The peer's address.
     pub remote: Option<SocketAddr>,
+    /// The certificate chain the peer presented in the TLS handshake (already
+    /// verified against the cluster's CA); `None` without TLS or without a
+    /// client certificate.
+    pub peer_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
     activity: Arc<Activity>,
 }
 
@@ -213,8 +220,17 @@ impl Accepting {
     }
 }
 
-/// Accepts on `listener` under `limits`.
-pub fn incoming(mut listener: Accepting, limits: Limits, counters: Arc<Counters>) -> Incoming {
+/// Accepts on `listener` under `limits`, with TLS when `tls` is given.
+///
+/// A TLS handshake runs in a task of its own, bounded by
+/// [`Limits::handshake_timeout`], so a slow or silent client holds up no one
+/// else's accept; its connection slot is taken before the handshake.
+pub fn incoming(
+    mut listener: Accepting,
+    limits: Limits,
+    counters: Arc<Counters>,
+    tls: Option<TlsAcceptor>,
+) -> Incoming {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
@@ -238,24 +254,58 @@ pub fn incoming(mut listener: Accepting, limits: Limits, counters: Arc<Counters>
                 drop(stream);
                 continue;
             };
-            let started = Instant::now();
-            let conn = LimitedConn {
-                inner: stream,
+            let conn_counters = counters.clone();
+            let idle_timeout = limits.idle_timeout;
+            let limited = move |inner: Box<dyn crate::io::Conn>, peer_certs| LimitedConn {
+                inner,
                 info: ConnInfo {
                     remote: Some(remote),
+                    peer_certs,
                     activity: Arc::new(Activity {
-                        started,
+                        started: Instant::now(),
                         in_flight: AtomicUsize::new(0),
                         last_ms: AtomicU64::new(0),
                     }),
                 },
-                idle_timeout: limits.idle_timeout,
-                idle: Box::pin(tokio::time::sleep(limits.idle_timeout)),
-                counters: counters.clone(),
+                idle_timeout,
+                idle: Box::pin(tokio::time::sleep(idle_timeout)),
+                counters: conn_counters,
                 _slot: slot,
             };
-            if tx.send(Ok(conn)).await.is_err() {
-                return;
+            match &tls {
+                None => {
+                    if tx.send(Ok(limited(stream, None))).await.is_err() {
+                        return;
+                    }
+                }
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(stream);
+                    let (tx, timeout) = (tx.clone(), limits.handshake_timeout);
+                    // The connection slot travels inside `limited`: held
+                    // through the handshake, given back if it fails.
+                    let build = limited;
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(timeout, handshake).await {
+                            Ok(Ok(stream)) => {
+                                let certs = stream
+                                    .get_ref()
+                                    .1
+                                    .peer_certificates()
+                                    .filter(|c| !c.is_empty())
+                                    .map(|c| {
+                                        Arc::new(c.iter().map(|c| c.clone().into_owned()).collect())
+                                    });
+                                let _ = tx.send(Ok(build(Box::new(stream), certs))).await;
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(peer = %remote, error = %e, "TLS handshake failed");
+                            }
+                            Err(_) => {
+                                tracing::debug!(peer = %remote, "TLS handshake timed out");
+                            }
+                        }
+                    });
+                }
             }
         }
     });

@@ -9,9 +9,8 @@
 
 use std::sync::Arc;
 
+use tokio_rustls::rustls::pki_types::CertificateDer;
 use tonic::Request;
-use tonic::transport::CertificateDer;
-use tonic::transport::server::TlsConnectInfo;
 
 use super::conn::ConnInfo;
 
@@ -70,17 +69,10 @@ pub fn principal_of(der: &[u8]) -> Result<Principal, String> {
 /// The certificates the peer presented on this request's connection, if it
 /// came over TLS with a client certificate.
 pub fn peer_certs<T>(req: &Request<T>) -> Option<Arc<Vec<CertificateDer<'static>>>> {
-    req.extensions()
-        .get::<TlsConnectInfo<ConnInfo>>()
-        .and_then(TlsConnectInfo::peer_certs)
-        .filter(|c| !c.is_empty())
+    conn_info(req).and_then(|c| c.peer_certs.clone())
 }
 
-/// The connection a request came on (over TLS or not).
+/// The connection a request came on.
 pub fn conn_info<T>(req: &Request<T>) -> Option<&ConnInfo> {
-    req.extensions().get::<ConnInfo>().or_else(|| {
-        req.extensions()
-            .get::<TlsConnectInfo<ConnInfo>>()
-            .map(TlsConnectInfo::get_ref)
-    })
+    req.extensions().get::<ConnInfo>()
 }

@@ -3,7 +3,7 @@
 //! - **Two listeners.** Clients on `--listen`, peers on `--listen-peer`; the
 //!   `Raft` service exists only on the peer listener, `Locks` and `Cluster` only
 //!   on the client listener.
-//! - **TLS** (rustls, through tonic) on both when `--tls-cert/--tls-key/--tls-ca`
+//! - **TLS** (rustls; the handshakes in [`conn::incoming`]) on both when `--tls-cert/--tls-key/--tls-ca`
 //!   are given. On the peer listener a client certificate of the cluster's CA is
 //!   required and must name a member (`palisade:node:ID`); the node id in every
 //!   Raft message must be the certificate's ([`PeerCheck`]).
@@ -30,7 +30,7 @@ use palisade_proto::ErrorCode;
 use palisade_proto::h2_channel::TlsDialing;
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tokio_rustls::rustls;
 use tonic::{Request, Status};
 
 use self::acl::{Grants, Policy};
@@ -59,52 +59,110 @@ pub struct SecurityConfig {
     pub limits: Limits,
 }
 
-/// Loaded TLS material.
+/// Loaded TLS material: the two listeners' acceptors and the configuration for
+/// calls to peers.
+///
+/// The handshakes are Palisade's own (tokio-rustls in [`conn::incoming`]), not
+/// tonic's: the client listener serves HTTP/1.1 beside HTTP/2 (the JSON API),
+/// so its ALPN must offer both — tonic's offers `h2` only, and a client that
+/// asks for `http/1.1` alone (Python's and most HTTP/1.1 libraries) would be
+/// refused in the handshake.
 #[derive(Clone)]
 pub struct Tls {
-    identity: Identity,
-    ca: Certificate,
+    clients: TlsAcceptor,
+    peers_in: TlsAcceptor,
     peers: TlsDialing,
 }
 
+/// Accepts TLS on one listener.
+pub type TlsAcceptor = tokio_rustls::TlsAcceptor;
+
 fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The rustls configuration of a listener: the node's certificate, the CA
+/// that client certificates must chain to (required on the peer listener,
+/// optional on the client listener, where bearer tokens are the other way in),
+/// and the protocols offered.
+fn server_config(
+    cert: &[u8],
+    key: &[u8],
+    ca: &[u8],
+    client_cert_required: bool,
+    alpn: &[&[u8]],
+) -> Result<rustls::ServerConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca) {
+        let c = c.map_err(|e| format!("CA certificate: {e}"))?;
+        roots.add(c).map_err(|e| format!("CA certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("CA certificate: no certificate in the PEM".into());
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    );
+    let verifier = if client_cert_required {
+        verifier
+    } else {
+        verifier.allow_unauthenticated()
+    }
+    .build()
+    .map_err(|e| format!("CA certificate: {e}"))?;
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("key: {e}"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS versions: {e}"))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("certificate and key: {e}"))?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
 }
 
 impl Tls {
     /// Reads the PEM files.
     ///
     /// # Errors
-    /// A message naming the file that could not be read.
+    /// A message naming the file that could not be read or used.
     pub fn load(files: &TlsFiles) -> Result<Tls, String> {
         let (cert, key, ca) = (read(&files.cert)?, read(&files.key)?, read(&files.ca)?);
-        let peers = TlsDialing::from_pem(&ca, Some((&cert, &key))).map_err(|e| {
+        let named = |e: String| {
             let files = [&files.cert, &files.key, &files.ca].map(|f| f.display().to_string());
             format!("{}: {e}", files.join(", "))
-        })?;
+        };
+        let peers =
+            TlsDialing::from_pem(&ca, Some((&cert, &key))).map_err(|e| named(e.to_string()))?;
+        let clients =
+            server_config(&cert, &key, &ca, false, &[b"h2", b"http/1.1"]).map_err(named)?;
+        let peers_in = server_config(&cert, &key, &ca, true, &[b"h2"]).map_err(named)?;
         Ok(Tls {
-            identity: Identity::from_pem(cert, key),
-            ca: Certificate::from_pem(ca),
+            clients: TlsAcceptor::from(Arc::new(clients)),
+            peers_in: TlsAcceptor::from(Arc::new(peers_in)),
             peers,
         })
     }
 
     /// For the client listener: a client certificate is verified when presented
-    /// but not required (bearer tokens are the other way in).
-    pub fn client_listener(&self, limits: &Limits) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(self.identity.clone())
-            .client_ca_root(self.ca.clone())
-            .client_auth_optional(true)
-            .timeout(limits.handshake_timeout)
+    /// but not required (bearer tokens are the other way in); HTTP/2 (gRPC and
+    /// JSON) and HTTP/1.1 (JSON).
+    pub fn client_listener(&self) -> TlsAcceptor {
+        self.clients.clone()
     }
 
     /// For the peer listener: a certificate of the cluster's CA is required.
-    pub fn peer_listener(&self, limits: &Limits) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(self.identity.clone())
-            .client_ca_root(self.ca.clone())
-            .timeout(limits.handshake_timeout)
+    pub fn peer_listener(&self) -> TlsAcceptor {
+        self.peers_in.clone()
     }
 
     /// For calls to peers: this node's certificate, and only the cluster's CA
