@@ -1,5 +1,5 @@
 //! The README's console examples are real (and docs/json.md's): each
-//! `$ command` in a ```console block runs against a fresh single node per file, and what it prints must have the
+//! `$ command` in a ```console block (and docs/http.md's `curl` examples) runs against a fresh single node per file, and what it prints must have the
 //! README's shape — the same lines, up to numbers (tokens, ports, pids,
 //! timings), the host name and runs of spaces.
 //!
@@ -122,6 +122,12 @@ fn every_console_example_in_the_readme_prints_what_the_readme_shows() {
 fn every_json_example_in_the_docs_prints_what_the_docs_show() {
     let ran = check_examples("docs/json.md");
     assert!(ran >= 5, "only {ran} JSON examples ran");
+}
+
+#[test]
+fn every_curl_example_of_the_http_api_prints_what_the_docs_show() {
+    let ran = check_examples("docs/http.md");
+    assert!(ran >= 8, "only {ran} HTTP examples ran");
 }
 
 #[test]

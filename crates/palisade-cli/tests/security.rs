@@ -824,3 +824,173 @@ async fn a_waiting_acquire_outlasts_the_idle_timeout() {
     let granted = wait.await.unwrap().expect("the waiter's call was answered");
     assert!(granted > first);
 }
+
+/// `curl` over TLS against a node of `cluster`, trusting only the cluster's CA,
+/// with `auth` (curl arguments: a bearer header or a client certificate).
+/// Returns the HTTP status and the JSON body.
+fn curl_tls(
+    cluster: &SecureCluster,
+    auth: &[String],
+    method_and_path: (&str, &str),
+    node: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let (method, path) = method_and_path;
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-w", "\n%{http_code}", "--cacert"])
+        .arg(cluster.certs().join("ca.pem"))
+        .args(auth)
+        .args(["-X", method])
+        .arg(format!("https://{node}{path}"));
+    if let Some(body) = body {
+        cmd.args(["-H", "content-type: application/json", "-d"])
+            .arg(body.to_string());
+    }
+    let out = cmd.output().expect("curl (scripts/test installs it)");
+    if !out.status.success() {
+        eprintln!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn the_http_api_over_tls_authenticates_and_authorizes_like_grpc() {
+    use serde_json::json;
+    let cluster = SecureCluster::start(&[]);
+    let bearer = vec![
+        "-H".to_owned(),
+        format!("authorization: Bearer {BATCH_TOKEN}"),
+    ];
+    let cert_of = |name: &str| {
+        let certs = cluster.certs();
+        vec![
+            "--cert".to_owned(),
+            certs
+                .join(format!("client-{name}.pem"))
+                .display()
+                .to_string(),
+            "--key".to_owned(),
+            certs
+                .join(format!("client-{name}-key.pem"))
+                .display()
+                .to_string(),
+        ]
+    };
+    // Follow `not_leader` from any node to the leader, as clients do; over
+    // HTTP/1.1 (curl's --http1.1 offers only `http/1.1` in ALPN).
+    let mut leader = cluster.addrs()[0].clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let session = loop {
+        let mut auth = bearer.clone();
+        auth.push("--http1.1".into());
+        let (code, body) = curl_tls(
+            &cluster,
+            &auth,
+            ("POST", "/v1/sessions"),
+            &leader,
+            Some(&json!({"ttl_ms": 30000, "label": "curl"})),
+        );
+        match code {
+            200 => break body,
+            503 if body["error"]["leader"].is_string() => {
+                leader = body["error"]["leader"].as_str().unwrap().to_owned();
+            }
+            _ => {
+                assert!(Instant::now() < deadline, "no session: {code} {body}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let with = |mut fields: serde_json::Value| {
+        fields["session_id"] = session["session_id"].clone();
+        fields["session_key"] = session["session_key"].clone();
+        fields
+    };
+    // Session → acquire → token → release, with the bearer token of "batch".
+    let call = |auth: &[String], path: &str, body: serde_json::Value| {
+        curl_tls(&cluster, auth, ("POST", path), &leader, Some(&body))
+    };
+    let (code, grant) = call(
+        &bearer,
+        "/v1/locks/acquire",
+        with(json!({"name": "jobs/http"})),
+    );
+    assert_eq!(code, 200, "{grant}");
+    let token: u64 = grant["token"].as_str().unwrap().parse().unwrap();
+    let (code, stale) = call(
+        &bearer,
+        "/v1/locks/release",
+        with(json!({"name": "jobs/http", "token": (token - 1).to_string()})),
+    );
+    assert_eq!(
+        (code, &stale["error"]["code"]),
+        (409, &json!("stale_token")),
+        "{stale}"
+    );
+    // A read-only identity may not open a session, nor acquire — not even
+    // with a session id and key it somehow learnt.
+    let (code, refused) = call(&cert_of("reader"), "/v1/sessions", json!({"ttl_ms": 5000}));
+    assert_eq!(
+        (code, &refused["error"]["code"]),
+        (403, &json!("permission_denied"))
+    );
+    let (code, refused) = call(
+        &cert_of("reader"),
+        "/v1/locks/acquire",
+        with(json!({"name": "jobs/http"})),
+    );
+    assert_eq!(
+        (code, &refused["error"]["code"]),
+        (403, &json!("permission_denied")),
+        "{refused}"
+    );
+    // Another identity with the lock role, holding the stolen key: not its session.
+    let (code, refused) = call(
+        &cert_of("intruder"),
+        "/v1/locks/release",
+        with(json!({"name": "jobs/http", "token": token.to_string()})),
+    );
+    assert_eq!(
+        (code, &refused["error"]["code"]),
+        (403, &json!("permission_denied")),
+        "{refused}"
+    );
+    // No credentials, and an unknown bearer token.
+    let (code, refused) = call(&[], "/v1/sessions", json!({"ttl_ms": 5000}));
+    assert_eq!(
+        (code, &refused["error"]["code"]),
+        (401, &json!("unauthenticated"))
+    );
+    let forged = vec!["-H".to_owned(), "authorization: Bearer forged".to_owned()];
+    let (code, _) = curl_tls(&cluster, &forged, ("GET", "/v1/locks"), &leader, None);
+    assert_eq!(code, 401);
+    // The reader may read: it sees the holder and its token.
+    let (code, locks) = curl_tls(
+        &cluster,
+        &cert_of("reader"),
+        ("GET", "/v1/locks"),
+        &leader,
+        None,
+    );
+    assert_eq!(code, 200, "{locks}");
+    assert_eq!(locks["locks"][0]["token"], json!(token.to_string()));
+    let (code, _) = call(
+        &bearer,
+        "/v1/locks/release",
+        with(json!({"name": "jobs/http", "token": token.to_string()})),
+    );
+    assert_eq!(code, 200);
+    let (_, locks) = curl_tls(
+        &cluster,
+        &cert_of("reader"),
+        ("GET", "/v1/locks"),
+        &leader,
+        None,
+    );
+    assert_eq!(locks, json!({"locks": []}));
+}
