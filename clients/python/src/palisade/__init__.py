@@ -1,0 +1,61 @@
+"""Palisade's Python client: distributed locks with fencing tokens.
+
+>>> import palisade
+>>> client = palisade.Client(["127.0.0.1:7420"])       # doctest: +SKIP
+>>> with client.lock("jobs/nightly", ttl=10) as lease:  # doctest: +SKIP
+...     print(lease.token)
+
+It speaks the nodes' HTTP/JSON API (docs/http.md) with the standard library
+only. See the README for the lease guarantee and what ``Lease.lost`` means.
+"""
+
+from .client import FENCING_TOKEN_HEADER, Client, Lease
+from .errors import (
+    Cancelled,
+    GrantTooLate,
+    InvalidInput,
+    LeaseLost,
+    LimitReached,
+    NotHolder,
+    NotLeader,
+    PalisadeError,
+    PermissionDenied,
+    ProtocolError,
+    SessionExpired,
+    StaleToken,
+    Unauthenticated,
+    Unavailable,
+    UnknownSession,
+    WaitTimeout,
+    WouldBlock,
+)
+from .models import LockInfo, Member, Status, TokenCheck
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Lease",
+    "FENCING_TOKEN_HEADER",
+    "LockInfo",
+    "Member",
+    "Status",
+    "TokenCheck",
+    "PalisadeError",
+    "NotLeader",
+    "InvalidInput",
+    "UnknownSession",
+    "NotHolder",
+    "StaleToken",
+    "WouldBlock",
+    "WaitTimeout",
+    "LimitReached",
+    "Unavailable",
+    "Unauthenticated",
+    "PermissionDenied",
+    "Cancelled",
+    "SessionExpired",
+    "GrantTooLate",
+    "LeaseLost",
+    "ProtocolError",
+]
