@@ -1,6 +1,7 @@
 //! `palisade bench …`: measurements that start their own servers. Numbers in the
 //! README and docs/benchmarks.md come from here, never from tests.
 
+mod http;
 mod locks;
 mod redis_locks;
 mod scale;

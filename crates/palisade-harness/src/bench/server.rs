@@ -7,6 +7,11 @@
 //!   handoff is the time from the holder starting its release to the next holder
 //!   being granted — one commit plus the server's push to the waiter, measured on
 //!   this process's monotonic clock (all clients live in this process).
+//!
+//! `--http` adds, beside each gRPC row, the same workload over the HTTP/JSON
+//! API (a Rust HTTP/1.1 client, [`super::http`]); `--lang python,node` adds one
+//! uncontended client of each of those clients (`clients/*/examples/bench.*`,
+//! run as child processes) on the same cluster.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +23,7 @@ use palisade_core::FencedLocks;
 use palisade_testkit::{PalisadeNode, cpu_time};
 use serde::Serialize;
 
+use super::http::{HttpLocks, HttpTarget};
 use super::locks::{self, Measured};
 use super::stats::Sorted;
 use crate::duration_arg;
@@ -59,6 +65,16 @@ pub struct ServerBenchArgs {
     /// With --endpoints: a file holding a bearer token.
     #[arg(long, env = "PALISADE_TOKEN_FILE", requires = "endpoints")]
     token_file: Option<std::path::PathBuf>,
+    /// Also measure each workload over the HTTP/JSON API (rows say `api: "http"`).
+    #[arg(long)]
+    http: bool,
+    /// Also measure one uncontended client of each of these languages' clients
+    /// (`python`, `node`), run from `--clients-dir` (rows say `client`).
+    #[arg(long, value_delimiter = ',', value_parser = ["python", "node"])]
+    lang: Vec<String>,
+    /// Where the language clients are (the repository's `clients/`).
+    #[arg(long, default_value = "clients")]
+    clients_dir: std::path::PathBuf,
     /// Also write the rows (`server-bench.json`) and the acquire and handoff
     /// latency distributions as a picture (`server-latency-cdf.svg`) here.
     #[arg(long)]
@@ -70,6 +86,10 @@ pub struct ServerBenchArgs {
 struct Row {
     nodes: u64,
     tls: bool,
+    /// `grpc` or `http`.
+    api: &'static str,
+    /// Whose client: `rust`, `python` or `node`.
+    client: &'static str,
     clients: usize,
     workload: &'static str,
     acquire_p50_us: Option<u64>,
@@ -96,7 +116,8 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
     } else {
         vec![(a.endpoints.len() as u64, a.endpoints.clone())]
     };
-    let rows_per_setup = a.clients.len() + 1;
+    let apis: &[&'static str] = if a.http { &["grpc", "http"] } else { &["grpc"] };
+    let rows_per_setup = (a.clients.len() + 1) * apis.len() + a.lang.len();
     let bar = ProgressBar::new((setups.len() * rows_per_setup) as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
     );
@@ -145,6 +166,33 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
             a.token_file.as_deref(),
         )?,
     };
+    // The language clients get the same credentials, as files.
+    let lang_args: Vec<std::ffi::OsString> = match &certs {
+        Some(dir) => vec![
+            "--ca".into(),
+            dir.path().join("ca.pem").into(),
+            "--cert".into(),
+            dir.path().join("client-bench.pem").into(),
+            "--key".into(),
+            dir.path().join("client-bench-key.pem").into(),
+        ],
+        None => {
+            let mut args = Vec::new();
+            let given = [
+                ("--ca", &a.ca),
+                ("--cert", &a.cert),
+                ("--key", &a.key),
+                ("--token-file", &a.token_file),
+            ];
+            for (flag, path) in given {
+                if let Some(path) = path {
+                    args.push(flag.into());
+                    args.push(path.into());
+                }
+            }
+            args
+        }
+    };
     let mut rows = Vec::new();
     let mut curves: Vec<(String, Sorted)> = Vec::new();
     for (n, given) in setups {
@@ -163,36 +211,82 @@ pub async fn run(a: ServerBenchArgs) -> Result<i32> {
             bearer_token: bearer_token.clone(),
         };
         wait_for_leader(target).await?;
+        let http = if a.http {
+            let leader = leader_addr(target).await?;
+            Some(HttpTarget::new(
+                leader,
+                target.tls.as_ref(),
+                target.bearer_token.clone(),
+            )?)
+        } else {
+            None
+        };
+        let tls = target.tls.is_some();
         for &clients in &a.clients {
-            bar.set_message(format!("{n} node(s), {clients} uncontended client(s)"));
-            let ready = sessions(target, clients).await?;
+            for &api in apis {
+                bar.set_message(format!(
+                    "{n} node(s), {clients} uncontended client(s), {api}"
+                ));
+                let ready = sessions(target, http.as_ref(), clients).await?;
+                let cpu = CpuMeter::start(&nodes);
+                let m = locks::uncontended(ready, a.duration).await?;
+                let cpu = cpu.per_op(m.pairs * 2);
+                let commit = commit_p50(target).await;
+                rows.push(row(
+                    (n, tls, api, "rust", clients, "uncontended"),
+                    &m,
+                    commit,
+                    cpu,
+                ));
+                curves.push((format!("acquire, {api}, {n} node(s) ×{clients}"), m.acquire));
+                bar.inc(1);
+            }
+        }
+        for &api in apis {
+            bar.set_message(format!(
+                "{n} node(s), {} contended clients, {api}",
+                a.contenders
+            ));
+            let ready = sessions(target, http.as_ref(), a.contenders).await?;
             let cpu = CpuMeter::start(&nodes);
-            let m = locks::uncontended(ready, a.duration).await?;
+            let m = locks::contended(ready, a.duration).await?;
             let cpu = cpu.per_op(m.pairs * 2);
             let commit = commit_p50(target).await;
             rows.push(row(
-                (n, target.tls.is_some(), clients, "uncontended"),
+                (n, tls, api, "rust", a.contenders, "contended"),
                 &m,
                 commit,
                 cpu,
             ));
-            curves.push((format!("acquire, {n} node(s) ×{clients}"), m.acquire));
+            curves.push((
+                format!("handoff, {api}, {n} node(s) ×{}", a.contenders),
+                m.handoff,
+            ));
             bar.inc(1);
         }
-        bar.set_message(format!("{n} node(s), {} contended clients", a.contenders));
-        let ready = sessions(target, a.contenders).await?;
-        let cpu = CpuMeter::start(&nodes);
-        let m = locks::contended(ready, a.duration).await?;
-        let cpu = cpu.per_op(m.pairs * 2);
-        let commit = commit_p50(target).await;
-        rows.push(row(
-            (n, target.tls.is_some(), a.contenders, "contended"),
-            &m,
-            commit,
-            cpu,
-        ));
-        curves.push((format!("handoff, {n} node(s) ×{}", a.contenders), m.handoff));
-        bar.inc(1);
+        for lang in &a.lang {
+            bar.set_message(format!("{n} node(s), 1 {lang} client"));
+            let cpu = CpuMeter::start(&nodes);
+            let m = language_client(
+                lang,
+                &a.clients_dir,
+                &target.endpoints,
+                a.duration,
+                &lang_args,
+            )
+            .await?;
+            let cpu = cpu.per_op(m.pairs * 2);
+            let commit = commit_p50(target).await;
+            let lang = if lang == "python" { "python" } else { "node" };
+            rows.push(row(
+                (n, tls, "http", lang, 1, "uncontended"),
+                &m,
+                commit,
+                cpu,
+            ));
+            curves.push((format!("acquire, {lang}, {n} node(s) ×1"), m.acquire));
+            bar.inc(1);
+        }
     }
     bar.finish_and_clear();
     if let Some(dir) = &a.out {
@@ -248,13 +342,96 @@ async fn wait_for_leader(target: &Target) -> Result<()> {
     }
 }
 
-/// Opens `n` Palisade sessions, as the lock trait's objects.
-async fn sessions(target: &Target, n: usize) -> Result<Vec<Box<dyn FencedLocks>>> {
+/// Opens `n` Palisade sessions, as the lock trait's objects: over the HTTP
+/// API at `http` when given, else with the gRPC client.
+async fn sessions(
+    target: &Target,
+    http: Option<&HttpTarget>,
+    n: usize,
+) -> Result<Vec<Box<dyn FencedLocks>>> {
     let mut sessions: Vec<Box<dyn FencedLocks>> = Vec::with_capacity(n);
     for _ in 0..n {
-        sessions.push(Box::new(Client::connect(config(target)).await?));
+        match http {
+            Some(http) => {
+                let ttl = config(target).session_ttl;
+                sessions.push(Box::new(HttpLocks::connect(http, ttl).await?));
+            }
+            None => sessions.push(Box::new(Client::connect(config(target)).await?)),
+        }
     }
     Ok(sessions)
+}
+
+/// The leader's client address, from the status of any node.
+async fn leader_addr(target: &Target) -> Result<String> {
+    let status = Admin::new(&config(target))?.status().await?;
+    let leader = status.leader.context("no leader")?;
+    let member = status.members.iter().find(|m| m.id == leader);
+    Ok(member.context("the leader is not a member")?.addr.clone())
+}
+
+/// What a language client's bench script prints (one JSON line).
+#[derive(serde::Deserialize)]
+struct LanguageRun {
+    pairs: usize,
+    elapsed_s: f64,
+    acquire_us: Vec<u64>,
+}
+
+/// Runs one uncontended client of `lang` (`clients/python/examples/bench.py`,
+/// `clients/node/examples/bench.js`) for `duration` against `endpoints`.
+async fn language_client(
+    lang: &str,
+    clients_dir: &std::path::Path,
+    endpoints: &[String],
+    duration: Duration,
+    credentials: &[std::ffi::OsString],
+) -> Result<Measured> {
+    let mut cmd = match lang {
+        "python" => {
+            let mut c = tokio::process::Command::new("python3");
+            c.arg(clients_dir.join("python/examples/bench.py"))
+                // Run from the source tree: the client has no dependencies.
+                .env("PYTHONPATH", clients_dir.join("python/src"))
+                .env("PYTHONDONTWRITEBYTECODE", "1");
+            c
+        }
+        _ => {
+            let mut c = tokio::process::Command::new("node");
+            c.arg(clients_dir.join("node/examples/bench.js"));
+            c
+        }
+    };
+    cmd.arg("--endpoints")
+        .arg(endpoints.join(","))
+        .arg("--duration")
+        .arg(duration.as_secs_f64().to_string())
+        .args(credentials)
+        .stdin(std::process::Stdio::null());
+    let out = cmd
+        .output()
+        .await
+        .with_context(|| format!("running the {lang} client's bench ({cmd:?})"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the {lang} client's bench failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    let run: LanguageRun = serde_json::from_str(last)
+        .with_context(|| format!("the {lang} client's bench printed {text:?}"))?;
+    let mut acquire = super::stats::Samples::default();
+    for us in run.acquire_us {
+        acquire.push(Duration::from_micros(us));
+    }
+    Ok(Measured {
+        acquire: acquire.sorted(),
+        handoff: Sorted::default(),
+        pairs: run.pairs,
+        pairs_per_s: (run.pairs as f64 / run.elapsed_s).round(),
+    })
 }
 
 /// The leader's commit p50 as it reports it now, if it does. A node answers
@@ -300,11 +477,11 @@ impl CpuMeter {
     }
 }
 
-/// (nodes, TLS, clients, workload) of a row.
-type RowKey = (u64, bool, usize, &'static str);
+/// (nodes, TLS, API, client, clients, workload) of a row.
+type RowKey = (u64, bool, &'static str, &'static str, usize, &'static str);
 
 fn row(
-    (nodes, tls, clients, workload): RowKey,
+    (nodes, tls, api, client, clients, workload): RowKey,
     m: &Measured,
     commit_p50_us: Option<u64>,
     server_cpu_us_per_op: Option<u64>,
@@ -313,6 +490,8 @@ fn row(
     Row {
         nodes,
         tls,
+        api,
+        client,
         clients,
         workload,
         acquire_p50_us: m.acquire.percentile(50.0),
@@ -329,9 +508,10 @@ fn row(
 fn print_table(rows: &[Row]) {
     let f = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
     println!(
-        "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10}",
+        "{:>5} {:>4} {:<11} {:>7} {:<12} {:>9} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10}",
         "nodes",
         "tls",
+        "client",
         "clients",
         "workload",
         "acq_p50",
@@ -344,9 +524,10 @@ fn print_table(rows: &[Row]) {
     );
     for r in rows {
         println!(
-            "{:>5} {:>4} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11} {:>10} {:>10}",
+            "{:>5} {:>4} {:<11} {:>7} {:<12} {:>9} {:>9} {:>9.0} {:>11} {:>11} {:>10} {:>10}",
             r.nodes,
             if r.tls { "on" } else { "off" },
+            format!("{}/{}", r.client, r.api),
             r.clients,
             r.workload,
             f(r.acquire_p50_us),
