@@ -197,6 +197,57 @@ fn bench_server_rows_carry_the_leaders_commit_latency_and_the_nodes_cpu() {
 }
 
 #[test]
+fn bench_server_http_rows_sit_beside_the_grpc_ones_with_the_language_clients() {
+    let clients = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients");
+    let rows = json_rows(&[
+        "bench",
+        "server",
+        "--json",
+        "--nodes",
+        "1",
+        "--duration",
+        "300ms",
+        "--clients",
+        "1",
+        "--contenders",
+        "2",
+        "--http",
+        "--lang",
+        "python,node",
+        "--clients-dir",
+        clients,
+    ]);
+    let kinds: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| {
+            let f = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+            (f("client"), f("api"), f("workload"))
+        })
+        .collect();
+    let expected = [
+        ("rust", "grpc", "uncontended"),
+        ("rust", "http", "uncontended"),
+        ("rust", "grpc", "contended"),
+        ("rust", "http", "contended"),
+        ("python", "http", "uncontended"),
+        ("node", "http", "uncontended"),
+    ]
+    .map(|(c, a, w)| (c.to_owned(), a.to_owned(), w.to_owned()));
+    assert_eq!(kinds, expected, "{rows:?}");
+    for r in &rows {
+        assert!(r["pairs"].as_u64().unwrap() >= 1, "no work done: {r}");
+        assert!(r["acquire_p50_us"].as_u64().is_some(), "{r}");
+        assert!(r["pairs_per_s"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    }
+    // The contended HTTP row handed the lock over by long polls.
+    assert!(
+        rows[3]["handoff_p50_us"].as_u64().is_some(),
+        "{:?}",
+        rows[3]
+    );
+}
+
+#[test]
 fn bench_redis_prints_shared_and_own_manager_rows_with_twins() {
     let rows = json_rows(&[
         "bench",
