@@ -117,6 +117,12 @@ pub struct ServeArgs {
     /// Open connections per listener.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// TLS handshakes in progress per listener (more are closed at once).
+    #[arg(long, default_value_t = 256)]
+    max_handshakes: usize,
+    /// TLS handshakes in progress from one source address.
+    #[arg(long, default_value_t = 16)]
+    max_handshakes_per_ip: usize,
     /// Close a connection with no call for this long.
     #[arg(long, default_value = "5m", value_parser = duration_arg)]
     idle_timeout: Duration,
@@ -324,6 +330,8 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
                 handshake_timeout: a
                     .idle_timeout
                     .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+                max_handshakes: a.max_handshakes.max(1),
+                max_handshakes_per_ip: a.max_handshakes_per_ip.max(1),
             },
         },
         data_dir: a.data_dir.clone(),

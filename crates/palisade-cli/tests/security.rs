@@ -709,14 +709,21 @@ async fn a_revoked_token_is_refused_after_sighup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_excess_connections_are_closed() {
-    let cluster = SecureCluster::start(&["--idle-timeout", "2s", "--max-connections", "16"]);
+    let cluster = SecureCluster::start(&[
+        "--idle-timeout",
+        "2s",
+        "--max-connections",
+        "16",
+        "--max-handshakes-per-ip",
+        "16",
+    ]);
     let addr = cluster.nodes[0].addr();
     // Connections that never speak: closed by the server (after the handshake
     // deadline), not held forever.
     let mut idle: Vec<TcpStream> = (0..16)
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
-    // The listener is full: one more is closed at once.
+    // This address has 16 handshakes in progress: one more is closed at once.
     let mut extra = TcpStream::connect(&addr).unwrap();
     extra
         .set_read_timeout(Some(Duration::from_secs(60)))
@@ -734,6 +741,111 @@ async fn idle_and_excess_connections_are_closed() {
     c.acquire("jobs/after-idle", &AcquireOptions::default())
         .await
         .unwrap();
+}
+
+/// Another host (127.0.0.2) keeps `per_port` silent connections open to each
+/// of `ports`, opening a new one whenever the server closes one, until `stop`.
+/// Returns how many the servers closed.
+async fn flood(
+    ports: Vec<String>,
+    per_port: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> u64 {
+    use std::sync::atomic::Ordering;
+    let mut open: Vec<(String, tokio::net::TcpStream)> = Vec::new();
+    let mut closed = 0;
+    while !stop.load(Ordering::Relaxed) {
+        // Drop those the server closed (EOF or reset).
+        let before = open.len();
+        open.retain(|(_, s)| {
+            let mut buf = [0u8; 64];
+            match s.try_read(&mut buf) {
+                Ok(0) => false,
+                // A TLS alert, say: the close follows.
+                Ok(_) => true,
+                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            }
+        });
+        closed += (before - open.len()) as u64;
+        for port in &ports {
+            let have = open.iter().filter(|(p, _)| p == port).count();
+            for _ in have..per_port {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+                // A node being restarted refuses for a while: try again later.
+                if let Ok(s) = socket.connect(port.parse().unwrap()).await {
+                    open.push((port.clone(), s));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    closed
+}
+
+/// The peer ports flooded by another host with connections that never finish
+/// their TLS handshake: a member killed and restarted still rejoins, because
+/// one address's handshakes in progress are capped and hold no connection slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_rejoins_while_another_host_floods_the_peer_ports() {
+    let mut cluster = SecureCluster::start(&["--max-connections", "32"]);
+    let leader = cluster.leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let peer_ports: Vec<String> = cluster.nodes.iter().map(PalisadeNode::peer_addr).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // 64 a port: twice the connection cap, four times the handshake cap of
+    // one address.
+    let flooder = tokio::spawn(flood(peer_ports, 64, stop.clone()));
+    let admin = cluster.config_as("admin");
+    let nightly = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    let before = nightly
+        .acquire("jobs/flood-before", &AcquireOptions::default())
+        .await
+        .unwrap();
+
+    let i = (follower - 1) as usize;
+    cluster.nodes[i].kill();
+    // Written while the member is down: it must catch up on it.
+    let during = nightly
+        .acquire("jobs/flood-during", &AcquireOptions::default())
+        .await
+        .unwrap();
+    assert!(during.token() > before.token());
+    let leader_status = Admin::new(&admin).unwrap().status().await.unwrap();
+    let target = leader_status.commit_index;
+    let restarted = Instant::now();
+    cluster.nodes[i].start().unwrap();
+    let mut at_follower = admin.clone();
+    at_follower.endpoints = vec![cluster.nodes[i].addr()];
+    at_follower.retry_for = Duration::from_secs(2);
+    let follower_admin = Admin::new(&at_follower).unwrap();
+    let mut caught_up = false;
+    // Usually well under a second; 30 s is a bound a loaded machine meets and
+    // the old accept loop (handshakes holding connection slots) missed: 70 s.
+    while restarted.elapsed() < Duration::from_secs(30) {
+        if let Ok(s) = follower_admin.status().await
+            && s.id == follower
+            && s.last_applied >= target
+        {
+            caught_up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = restarted.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let closed = flooder.await.unwrap();
+    assert!(
+        caught_up,
+        "node {follower} did not catch up to index {target} in 30 s under the flood"
+    );
+    // The flood did reach the caps: the nodes closed its excess connections.
+    assert!(closed > 0, "no flood connection was closed");
+    eprintln!(
+        "node {follower} caught up {took:?} after its restart; {closed} flood connections closed"
+    );
+    before.release().await.unwrap();
+    during.release().await.unwrap();
 }
 
 /// Whether the server closed the connection (EOF or reset) rather than the

@@ -37,6 +37,13 @@ pub struct Limits {
     pub max_calls_per_identity: usize,
     /// Time a client gets to finish its TLS handshake.
     pub handshake_timeout: Duration,
+    /// TLS handshakes in progress per listener; a connection past it is closed
+    /// at once.
+    pub max_handshakes: usize,
+    /// TLS handshakes in progress per source address: one host that opens
+    /// connections and never finishes their handshakes cannot fill the
+    /// listener's [`Limits::max_handshakes`] for everyone else.
+    pub max_handshakes_per_ip: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +53,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             max_calls_per_identity: 4096,
             handshake_timeout: Duration::from_secs(10),
+            max_handshakes: 256,
+            max_handshakes_per_ip: 16,
         }
     }
 }
@@ -61,6 +70,44 @@ pub struct Counters {
     pub refused_calls: AtomicU64,
     /// Calls refused for bad or missing credentials, or missing permission.
     pub refused_auth: AtomicU64,
+    /// Connections closed at once because too many TLS handshakes were in
+    /// progress (on the listener, or from the same address).
+    pub refused_handshakes: AtomicU64,
+}
+
+/// The TLS handshakes in progress on one listener, by source address.
+#[derive(Default)]
+struct Handshakes {
+    total: usize,
+    by_ip: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+impl Handshakes {
+    /// Counts a new handshake from `ip`, unless the listener's or that
+    /// address's cap is reached.
+    fn begin(&mut self, ip: std::net::IpAddr, limits: &Limits) -> bool {
+        if self.total >= limits.max_handshakes {
+            return false;
+        }
+        let from_ip = self.by_ip.entry(ip).or_default();
+        if *from_ip >= limits.max_handshakes_per_ip {
+            return false;
+        }
+        *from_ip += 1;
+        self.total += 1;
+        true
+    }
+
+    fn end(&mut self, ip: std::net::IpAddr) {
+        self.total -= 1;
+        // The map holds only addresses with a handshake in progress.
+        if let Some(n) = self.by_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_ip.remove(&ip);
+            }
+        }
+    }
 }
 
 /// Per-connection facts every request on it can see (a request extension).
@@ -224,7 +271,12 @@ impl Accepting {
 ///
 /// A TLS handshake runs in a task of its own, bounded by
 /// [`Limits::handshake_timeout`], so a slow or silent client holds up no one
-/// else's accept; its connection slot is taken before the handshake.
+/// else's accept. Handshakes in progress do not hold connection slots (taken
+/// once the handshake is done): they have caps of their own, per listener and
+/// per source address ([`Limits::max_handshakes`],
+/// [`Limits::max_handshakes_per_ip`]), so a host that floods a port with
+/// connections that never finish their handshake cannot keep out a member
+/// that does.
 pub fn incoming(
     mut listener: Accepting,
     limits: Limits,
@@ -233,6 +285,7 @@ pub fn incoming(
 ) -> Incoming {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let handshakes = Arc::new(std::sync::Mutex::new(Handshakes::default()));
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -248,44 +301,61 @@ pub fn incoming(
                     continue;
                 }
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                counters.refused_connections.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(peer = %remote, limit = limits.max_connections, "connection refused: too many open connections");
-                drop(stream);
-                continue;
-            };
             let conn_counters = counters.clone();
             let idle_timeout = limits.idle_timeout;
-            let limited = move |inner: Box<dyn crate::io::Conn>, peer_certs| LimitedConn {
-                inner,
-                info: ConnInfo {
-                    remote: Some(remote),
-                    peer_certs,
-                    activity: Arc::new(Activity {
-                        started: Instant::now(),
-                        in_flight: AtomicUsize::new(0),
-                        last_ms: AtomicU64::new(0),
-                    }),
-                },
-                idle_timeout,
-                idle: Box::pin(tokio::time::sleep(idle_timeout)),
-                counters: conn_counters,
-                _slot: slot,
+            let slots = slots.clone();
+            let max_connections = limits.max_connections;
+            // Takes a connection slot, or refuses the connection.
+            let limited = move |inner: Box<dyn crate::io::Conn>, peer_certs| {
+                let Ok(slot) = slots.try_acquire_owned() else {
+                    conn_counters
+                        .refused_connections
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(peer = %remote, limit = max_connections, "connection refused: too many open connections");
+                    return None;
+                };
+                Some(LimitedConn {
+                    inner,
+                    info: ConnInfo {
+                        remote: Some(remote),
+                        peer_certs,
+                        activity: Arc::new(Activity {
+                            started: Instant::now(),
+                            in_flight: AtomicUsize::new(0),
+                            last_ms: AtomicU64::new(0),
+                        }),
+                    },
+                    idle_timeout,
+                    idle: Box::pin(tokio::time::sleep(idle_timeout)),
+                    counters: conn_counters,
+                    _slot: slot,
+                })
             };
             match &tls {
                 None => {
-                    if tx.send(Ok(limited(stream, None))).await.is_err() {
+                    if let Some(conn) = limited(stream, None)
+                        && tx.send(Ok(conn)).await.is_err()
+                    {
                         return;
                     }
                 }
                 Some(acceptor) => {
                     let handshake = acceptor.accept(stream);
                     let (tx, timeout) = (tx.clone(), limits.handshake_timeout);
-                    // The connection slot travels inside `limited`: held
-                    // through the handshake, given back if it fails.
-                    let build = limited;
+                    if !handshakes
+                        .lock()
+                        .expect("poisoned")
+                        .begin(remote.ip(), &limits)
+                    {
+                        counters.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(peer = %remote, "connection refused: too many TLS handshakes in progress");
+                        continue;
+                    }
+                    let handshakes = handshakes.clone();
                     tokio::spawn(async move {
-                        match tokio::time::timeout(timeout, handshake).await {
+                        let outcome = tokio::time::timeout(timeout, handshake).await;
+                        handshakes.lock().expect("poisoned").end(remote.ip());
+                        match outcome {
                             Ok(Ok(stream)) => {
                                 let certs = stream
                                     .get_ref()
@@ -295,7 +365,9 @@ pub fn incoming(
                                     .map(|c| {
                                         Arc::new(c.iter().map(|c| c.clone().into_owned()).collect())
                                     });
-                                let _ = tx.send(Ok(build(Box::new(stream), certs))).await;
+                                if let Some(conn) = limited(Box::new(stream), certs) {
+                                    let _ = tx.send(Ok(conn)).await;
+                                }
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(peer = %remote, error = %e, "TLS handshake failed");
@@ -310,4 +382,36 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshakes_are_capped_per_address_and_per_listener() {
+        let limits = Limits {
+            max_handshakes: 3,
+            max_handshakes_per_ip: 2,
+            ..Limits::default()
+        };
+        let (a, b, c): (std::net::IpAddr, std::net::IpAddr, std::net::IpAddr) = (
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            "10.0.0.3".parse().unwrap(),
+        );
+        let mut h = Handshakes::default();
+        assert!(h.begin(a, &limits));
+        assert!(h.begin(a, &limits));
+        assert!(!h.begin(a, &limits), "a third from one address");
+        assert!(h.begin(b, &limits));
+        assert!(!h.begin(c, &limits), "a fourth on the listener");
+        h.end(a);
+        assert!(h.begin(c, &limits));
+        for ip in [a, b, c] {
+            h.end(ip);
+        }
+        assert_eq!(h.total, 0);
+        assert!(h.by_ip.is_empty(), "the map shrinks: {:?}", h.by_ip);
+    }
 }
