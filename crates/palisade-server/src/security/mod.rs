@@ -314,13 +314,46 @@ impl Caller {
     }
 }
 
+/// The call slots of each identity with calls in flight.
+///
+/// An identity's entry outlives its calls until the next sweep, which runs
+/// when the map has doubled since the last one and drops every entry with no
+/// call in flight: the map stays within about twice the number of identities
+/// that have calls running, however many have come and gone.
+#[derive(Default)]
+struct CallSlots {
+    by_identity: HashMap<String, Arc<Semaphore>>,
+    sweep_above: usize,
+}
+
+impl CallSlots {
+    /// Takes one of `identity`'s `max` slots; `None` when all are in use.
+    fn take(&mut self, identity: &str, max: usize) -> Option<OwnedSemaphorePermit> {
+        if self.by_identity.len() > self.sweep_above {
+            self.by_identity.retain(|_, s| s.available_permits() < max);
+            self.sweep_above = (2 * self.by_identity.len()).max(64);
+        }
+        let slots = match self.by_identity.get(identity) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(Semaphore::new(max));
+                self.by_identity.insert(identity.to_owned(), s.clone());
+                s
+            }
+        };
+        // Taken under the map's lock, so a sweep never drops an entry between
+        // its look-up and the permit.
+        slots.try_acquire_owned().ok()
+    }
+}
+
 /// Authenticates and admits client calls.
 pub struct Gatekeeper {
     tls: bool,
     policy_path: Option<PathBuf>,
     policy: RwLock<Option<Arc<Policy>>>,
     limits: Limits,
-    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    slots: Mutex<CallSlots>,
     /// What was turned away.
     pub counters: Arc<Counters>,
 }
@@ -346,7 +379,7 @@ impl Gatekeeper {
             policy_path: config.policy.clone(),
             policy: RwLock::new(policy),
             limits: config.limits,
-            slots: Mutex::new(HashMap::new()),
+            slots: Mutex::new(CallSlots::default()),
             counters,
         })
     }
@@ -426,27 +459,24 @@ impl Gatekeeper {
             None => Arc::new(Grants::all()),
             Some(p) => Arc::new(p.grants(&identity).cloned().unwrap_or_default()),
         };
-        let slot = {
-            let mut slots = self.slots.lock().expect("poisoned");
-            slots
-                .entry(identity.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.limits.max_calls_per_identity)))
-                .clone()
-        }
-        .try_acquire_owned()
-        .map_err(|_| {
-            self.counters.refused_calls.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                peer,
-                identity,
-                limit = self.limits.max_calls_per_identity,
-                "call refused: too many in flight"
-            );
-            ErrorCode::LimitReached.status(format!(
-                "identity {identity:?} has {} calls in flight, the limit",
-                self.limits.max_calls_per_identity
-            ))
-        })?;
+        let slot = self
+            .slots
+            .lock()
+            .expect("poisoned")
+            .take(&identity, self.limits.max_calls_per_identity)
+            .ok_or_else(|| {
+                self.counters.refused_calls.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    peer,
+                    identity,
+                    limit = self.limits.max_calls_per_identity,
+                    "call refused: too many in flight"
+                );
+                ErrorCode::LimitReached.status(format!(
+                    "identity {identity:?} has {} calls in flight, the limit",
+                    self.limits.max_calls_per_identity
+                ))
+            })?;
         Ok(Caller {
             identity,
             peer,
@@ -525,6 +555,32 @@ impl PeerCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_slots_cap_each_identity_and_forget_idle_ones() {
+        let mut slots = CallSlots::default();
+        let held: Vec<_> = (0..3).map(|_| slots.take("a", 3).unwrap()).collect();
+        assert!(slots.take("a", 3).is_none(), "a fourth call of a");
+        assert!(
+            slots.take("b", 3).is_some(),
+            "another identity is not affected"
+        );
+        // Many identities come and go; only a's calls stay in flight.
+        for i in 0..10_000 {
+            drop(slots.take(&format!("passer-{i}"), 3).unwrap());
+        }
+        assert!(
+            slots.by_identity.len() <= 130,
+            "{}",
+            slots.by_identity.len()
+        );
+        assert!(
+            slots.take("a", 3).is_none(),
+            "a's slots survived the sweeps"
+        );
+        drop(held);
+        assert!(slots.take("a", 3).is_some());
+    }
 
     #[test]
     fn secrets_compare_by_content_and_length() {
