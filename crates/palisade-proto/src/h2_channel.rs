@@ -272,6 +272,54 @@ impl http_body::Body for H2Body {
     }
 }
 
+/// A rustls client configuration that trusts only the CA of `ca_pem`, presents
+/// `identity` (certificate chain and private key, PEM) if given, and offers
+/// `alpn`. What [`TlsDialing`] dials with (`h2`); also for HTTP/1.1 callers of
+/// the nodes' JSON API.
+///
+/// # Errors
+/// `InvalidInput` naming what did not parse or was refused.
+pub fn client_config(
+    ca_pem: &[u8],
+    identity: Option<(&[u8], &[u8])>,
+    alpn: &[&[u8]],
+) -> io::Result<tokio_rustls::rustls::ClientConfig> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots
+            .add(cert.map_err(|e| invalid("CA certificate", e))?)
+            .map_err(|e| invalid("CA certificate", e))?;
+    }
+    if roots.is_empty() {
+        return Err(invalid("CA certificate", "no certificate in the PEM"));
+    }
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("TLS versions", e))?
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid("certificate", e))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| invalid("key", e))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| invalid("certificate and key", e))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
 /// TLS for dialing nodes: the only CA trusted and, optionally, the certificate
 /// this side presents; HTTP/2 agreed by ALPN (as tonic's own TLS does).
 #[derive(Clone)]
@@ -296,39 +344,7 @@ impl TlsDialing {
     /// # Errors
     /// `InvalidInput` naming what did not parse or was refused.
     pub fn from_pem(ca_pem: &[u8], identity: Option<(&[u8], &[u8])>) -> io::Result<Self> {
-        use rustls_pki_types::pem::PemObject;
-        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-        use tokio_rustls::rustls;
-
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem) {
-            roots
-                .add(cert.map_err(|e| invalid("CA certificate", e))?)
-                .map_err(|e| invalid("CA certificate", e))?;
-        }
-        if roots.is_empty() {
-            return Err(invalid("CA certificate", "no certificate in the PEM"));
-        }
-        let provider = rustls::crypto::CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| invalid("TLS versions", e))?
-            .with_root_certificates(roots);
-        let mut config = match identity {
-            Some((cert, key)) => {
-                let chain = CertificateDer::pem_slice_iter(cert)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| invalid("certificate", e))?;
-                let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| invalid("key", e))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| invalid("certificate and key", e))?
-            }
-            None => builder.with_no_client_auth(),
-        };
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        let config = client_config(ca_pem, identity, &[b"h2"])?;
         Ok(TlsDialing {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
         })

@@ -22,11 +22,10 @@ use palisade_client::TlsOptions;
 use palisade_core::LockError;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockOptions};
+use palisade_proto::h2_channel::client_config;
 use serde_json::{Value, json};
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio_rustls::rustls::{ClientConfig as RustlsConfig, RootCertStore};
+use tokio_rustls::rustls::pki_types::ServerName;
 
 /// Where and how to reach the leader's HTTP API.
 #[derive(Clone)]
@@ -49,19 +48,8 @@ impl HttpTarget {
         let tls = match tls {
             None => None,
             Some(t) => {
-                let mut roots = RootCertStore::empty();
-                for c in CertificateDer::pem_slice_iter(&t.ca_pem) {
-                    roots.add(c.context("the CA's PEM")?)?;
-                }
-                let builder = RustlsConfig::builder().with_root_certificates(roots);
-                let mut config = match &t.identity {
-                    Some((cert, key)) => builder.with_client_auth_cert(
-                        CertificateDer::pem_slice_iter(cert).collect::<Result<Vec<_>, _>>()?,
-                        PrivateKeyDer::from_pem_slice(key)?,
-                    )?,
-                    None => builder.with_no_client_auth(),
-                };
-                config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                let identity = t.identity.as_ref().map(|(c, k)| (&c[..], &k[..]));
+                let config = client_config(&t.ca_pem, identity, &[b"http/1.1"])?;
                 let host = match &t.server_name {
                     Some(name) => name.clone(),
                     None => addr
