@@ -1106,3 +1106,204 @@ fn the_http_api_over_tls_authenticates_and_authorizes_like_grpc() {
     );
     assert_eq!(locks, json!({"locks": []}));
 }
+
+/// A `palisade fence-store` process started as docs/security.md says: HTTPS
+/// with a node certificate, client certificates of the cluster's CA, the
+/// cluster's policy file, and the cluster asked about new tokens (as the
+/// `reader` identity). Killed on drop.
+struct SecureStore {
+    child: std::process::Child,
+    addr: String,
+    _data: tempfile::TempDir,
+}
+
+impl SecureStore {
+    fn start(cluster: &SecureCluster) -> SecureStore {
+        let certs = cluster.certs();
+        let data = tempfile::tempdir().unwrap();
+        let port = palisade_testkit::free_port().unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let f = |name: &str| certs.join(name).to_str().unwrap().to_owned();
+        let policy = cluster.dir.path().join("policy.toml");
+        let mut child = Command::new(bin())
+            .args(["fence-store", "--listen", &addr])
+            .arg("--data-dir")
+            .arg(data.path())
+            .args([
+                "--tls-cert",
+                &f("node-1.pem"),
+                "--tls-key",
+                &f("node-1-key.pem"),
+            ])
+            .args(["--tls-ca", &f("ca.pem")])
+            .arg("--auth")
+            .arg(&policy)
+            .args(["--cluster", &cluster.addrs().join(",")])
+            .args(["--cluster-ca", &f("ca.pem")])
+            .args(["--cluster-cert", &f("client-reader.pem")])
+            .args(["--cluster-key", &f("client-reader-key.pem")])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while TcpStream::connect(&addr).is_err() {
+            assert!(child.try_wait().unwrap().is_none(), "the store exited");
+            assert!(start.elapsed() < Duration::from_secs(30), "store not up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        SecureStore {
+            child,
+            addr,
+            _data: data,
+        }
+    }
+
+    /// The store as `name` (a client certificate), or with no credentials.
+    fn as_user(
+        &self,
+        cluster: &SecureCluster,
+        name: Option<&str>,
+    ) -> palisade_fence::client::StoreAddr {
+        let certs = cluster.certs();
+        let (cert, key) = name.map_or((None, None), |n| {
+            (
+                Some(certs.join(format!("client-{n}.pem"))),
+                Some(certs.join(format!("client-{n}-key.pem"))),
+            )
+        });
+        palisade_fence::client::StoreAddr::tls_as(
+            &self.addr,
+            &certs.join("ca.pem"),
+            cert.as_deref().zip(key.as_deref()),
+        )
+        .unwrap()
+    }
+}
+
+impl Drop for SecureStore {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The counter `name{label}` in Prometheus text.
+fn counter(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+}
+
+/// The attack of issue 35 against a store set up as docs/security.md says:
+/// a stranger's write and an authenticated writer's made-up token
+/// (2^64 − 1) are refused, and the real holder's writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_store_refuses_strangers_and_tokens_the_cluster_never_issued() {
+    use palisade_fence::client::{metrics, request};
+    let cluster = SecureCluster::start(&[]);
+    let store = SecureStore::start(&cluster);
+    let anonymous = store.as_user(&cluster, None);
+    let intruder = store.as_user(&cluster, Some("intruder"));
+    let nightly = store.as_user(&cluster, Some("nightly"));
+    let reader = store.as_user(&cluster, Some("reader"));
+    let key = "jobs/nightly";
+
+    // No credentials: 401, whatever the token.
+    let r = request("PUT", &anonymous, key, Some(u64::MAX), "owned")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.body.contains("unauthenticated"), "{}", r.body);
+    // A bearer token nobody holds: 401.
+    let r = request(
+        "PUT",
+        &anonymous.clone().with_bearer("guess"),
+        key,
+        Some(5),
+        "x",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 401, "{}", r.body);
+    // Authenticated, but no right to write there: 403.
+    let r = request("PUT", &reader, key, Some(5), "x").await.unwrap();
+    assert_eq!(r.status, 403, "{}", r.body);
+    // Authenticated and allowed, but the token was never issued: 409.
+    let r = request("PUT", &intruder, key, Some(u64::MAX), "owned")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("token_not_issued"), "{}", r.body);
+    // A token that will be issued soon is refused as well.
+    let lock_client = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    let held = lock_client
+        .acquire(key, &AcquireOptions::default())
+        .await
+        .unwrap();
+    let token = held.token().get();
+    let r = request("PUT", &intruder, key, Some(token + 1), "early")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+
+    // The real holder's token: believed after one question, then no more.
+    let checks = |text: &str| {
+        counter(
+            text,
+            "palisade_fence_token_checks_total{answer=\"granted\"}",
+        )
+    };
+    let before = checks(&metrics(&nightly).await.unwrap().body);
+    for body in ["first", "second", "third"] {
+        let r = request("PUT", &nightly, key, Some(token), body)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let text = metrics(&nightly).await.unwrap().body;
+    assert_eq!(checks(&text), before + 1, "one check for three writes");
+    assert_eq!(
+        counter(
+            &text,
+            "palisade_fence_writes_rejected_total{reason=\"token_not_issued\"}"
+        ),
+        2
+    );
+    assert!(
+        counter(
+            &text,
+            "palisade_fence_writes_rejected_total{reason=\"unauthenticated\"}"
+        ) >= 2
+    );
+    // Reads follow the policy too.
+    assert_eq!(
+        request("GET", &anonymous, key, None, "")
+            .await
+            .unwrap()
+            .status,
+        401
+    );
+    let r = request("GET", &reader, key, None, "").await.unwrap();
+    assert_eq!(
+        (r.status, r.token, r.body.as_str()),
+        (200, Some(token), "third")
+    );
+    assert_eq!(metrics(&anonymous).await.unwrap().status, 401);
+
+    // The next grant is believed after its own check; the old one is stale.
+    held.release().await.unwrap();
+    let again = lock_client
+        .acquire(key, &AcquireOptions::default())
+        .await
+        .unwrap();
+    let r = request("PUT", &nightly, key, Some(again.token().get()), "fourth")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = request("PUT", &nightly, key, Some(token), "late")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("stale_token"), "{}", r.body);
+    again.release().await.unwrap();
+}

@@ -42,7 +42,9 @@ use palisade_proto::v1::{
     AcquireRequest, AddLearnerRequest, CancelAcquireRequest, ChangeMembershipRequest,
     CheckTokenRequest, GetRequest, ListRequest, StatusRequest, TakeSnapshotRequest,
 };
-pub use types::{ClusterStatus, Holder, LockView, Member, SessionId, SnapshotInfo, TakenSnapshot};
+pub use types::{
+    ClusterStatus, Holder, LockView, Member, SessionId, SnapshotInfo, TakenSnapshot, TokenStatus,
+};
 
 use connector::Connector;
 use session::Session;
@@ -460,7 +462,8 @@ impl Client {
         name: &str,
         token: FencingToken,
     ) -> Result<(bool, Option<FencingToken>), ClientError> {
-        check_token(&self.conn, name, token).await
+        let status = token_status(&self.conn, name, token).await?;
+        Ok((status.current, status.current_token))
     }
 
     /// The cluster as the leader sees it.
@@ -526,7 +529,23 @@ impl Admin {
         name: &str,
         token: FencingToken,
     ) -> Result<(bool, Option<FencingToken>), ClientError> {
-        check_token(&self.conn, name, token).await
+        let status = token_status(&self.conn, name, token).await?;
+        Ok((status.current, status.current_token))
+    }
+
+    /// Everything the leader says of `token` for `name`, read linearizably:
+    /// whether it is current, the current token, and the highest token the
+    /// cluster can have issued. What a fenced resource asks before it believes
+    /// a token it has not seen.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn token_status(
+        &self,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<TokenStatus, ClientError> {
+        token_status(&self.conn, name, token).await
     }
 
     /// Adds a node as a learner (it receives the log but does not vote).
@@ -610,11 +629,11 @@ async fn list(conn: &Connector) -> Result<Vec<LockView>, ClientError> {
     reply.locks.into_iter().map(LockView::try_from).collect()
 }
 
-async fn check_token(
+async fn token_status(
     conn: &Connector,
     name: &str,
     token: FencingToken,
-) -> Result<(bool, Option<FencingToken>), ClientError> {
+) -> Result<TokenStatus, ClientError> {
     let reply = conn
         .call(conn.retry_for, |ch| {
             let req = CheckTokenRequest {
@@ -624,7 +643,11 @@ async fn check_token(
             async move { LocksClient::new(ch).check_token(req).await }
         })
         .await?;
-    Ok((reply.current, FencingToken::new(reply.current_token)))
+    Ok(TokenStatus {
+        current: reply.current,
+        current_token: FencingToken::new(reply.current_token),
+        issued_through: reply.issued_through,
+    })
 }
 
 /// The Palisade client behind the backend-neutral correctness-lock API.

@@ -42,6 +42,18 @@ pub struct Holder {
     pub token: FencingToken,
 }
 
+/// What the leader says of a token for a lock ([`crate::Admin::token_status`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenStatus {
+    /// Whether the token is the lock's current grant.
+    pub current: bool,
+    /// The current holder's token, `None` when the lock is not held.
+    pub current_token: Option<FencingToken>,
+    /// No token above this has been issued by the cluster (for any lock): a
+    /// larger one comes "from the future" — it was made up, not granted.
+    pub issued_through: u64,
+}
+
 /// One lock as the leader sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockView {

@@ -33,7 +33,9 @@ impl fmt::Display for FencingToken {
 
 /// Why a string is not a fencing token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not a fencing token: {0:?} (expected a positive decimal integer)")]
+#[error(
+    "not a fencing token: {0:?} (expected a positive decimal integer: digits only, no sign, spaces or leading zeros)"
+)]
 pub struct ParseTokenError(String);
 
 impl FromStr for FencingToken {
@@ -41,8 +43,10 @@ impl FromStr for FencingToken {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || ParseTokenError(s.to_owned());
-        // `u64::from_str` accepts a leading '+', which no token ever has.
-        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        // One spelling per token: `u64::from_str` would also take "+3" and
+        // "03", and a resource that compares tokens as text, or a log read by
+        // eye, must not meet two spellings of one token.
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || s.starts_with('0') {
             return Err(err());
         }
         s.parse::<u64>().ok().and_then(Self::new).ok_or_else(err)
@@ -56,6 +60,14 @@ mod tests {
     #[test]
     fn parses_positive_decimals_only() {
         assert_eq!("34".parse::<FencingToken>().unwrap().get(), 34);
+        assert_eq!("10".parse::<FencingToken>().unwrap().get(), 10);
+        assert_eq!(
+            "18446744073709551615"
+                .parse::<FencingToken>()
+                .unwrap()
+                .get(),
+            u64::MAX
+        );
         for bad in [
             "",
             "0",
@@ -63,6 +75,9 @@ mod tests {
             "+3",
             "3.0",
             " 3",
+            "3 ",
+            "03",
+            "00",
             "18446744073709551616",
             "abc",
         ] {

@@ -66,6 +66,8 @@ pub struct StoreAddr {
     pub addr: String,
     /// HTTPS, trusting only the given CA; `None`: plain HTTP.
     tls: Option<TlsConnector>,
+    /// Sent as `Authorization: Bearer …` (only over HTTPS).
+    bearer: Option<String>,
 }
 
 impl StoreAddr {
@@ -74,6 +76,7 @@ impl StoreAddr {
         StoreAddr {
             addr: addr.into(),
             tls: None,
+            bearer: None,
         }
     }
 
@@ -83,6 +86,20 @@ impl StoreAddr {
     /// [`StoreClientError::Ca`] when the file cannot be read or has no
     /// certificate.
     pub fn tls(addr: impl Into<String>, ca: &Path) -> Result<Self, StoreClientError> {
+        Self::tls_as(addr, ca, None)
+    }
+
+    /// A store over HTTPS whose certificate the CA in `ca` signed, presenting
+    /// `identity` (certificate and key, PEM files) when given: how a writer
+    /// authenticates to a store started with `--auth` and `--tls-ca`.
+    ///
+    /// # Errors
+    /// [`StoreClientError::Ca`] when a file cannot be read or used.
+    pub fn tls_as(
+        addr: impl Into<String>,
+        ca: &Path,
+        identity: Option<(&Path, &Path)>,
+    ) -> Result<Self, StoreClientError> {
         let ca_err = |detail: String| StoreClientError::Ca {
             path: ca.display().to_string(),
             detail,
@@ -96,13 +113,38 @@ impl StoreAddr {
         if roots.is_empty() {
             return Err(ca_err("no certificate in the file".into()));
         }
-        let config = ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let builder = ClientConfig::builder().with_root_certificates(roots);
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let file_err = |path: &Path, detail: String| StoreClientError::Ca {
+                    path: path.display().to_string(),
+                    detail,
+                };
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .map_err(|e| file_err(cert, e.to_string()))?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| file_err(cert, e.to_string()))?;
+                let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| file_err(key, e.to_string()))?;
+                builder
+                    .with_client_auth_cert(chain, key_der)
+                    .map_err(|e| file_err(cert, e.to_string()))?
+            }
+        };
         Ok(StoreAddr {
             addr: addr.into(),
             tls: Some(TlsConnector::from(Arc::new(config))),
+            bearer: None,
         })
+    }
+
+    /// The same store, every request carrying `token` as a bearer token. Only
+    /// over HTTPS: a plaintext store gets no credentials.
+    #[must_use]
+    pub fn with_bearer(mut self, token: impl Into<String>) -> Self {
+        self.bearer = Some(token.into());
+        self
     }
 
     /// Whether requests go over HTTPS.
@@ -124,6 +166,15 @@ pub async fn request(
     body: &str,
 ) -> Result<Reply, StoreClientError> {
     send(method, store, &format!("/v1/objects/{key}"), token, body).await
+}
+
+/// The store's metrics (`GET /metrics`, Prometheus text), with the store's
+/// credentials.
+///
+/// # Errors
+/// When no answer came.
+pub async fn metrics(store: &StoreAddr) -> Result<Reply, StoreClientError> {
+    send("GET", store, "/metrics", None, "").await
 }
 
 /// Whether the store at `store` checks fencing tokens (`GET /v1/health`:
@@ -168,6 +219,9 @@ async fn send(
     if let Some(t) = token {
         req = req.header(FENCING_TOKEN_HEADER, t.to_string());
     }
+    if let (Some(bearer), Some(_)) = (&store.bearer, &store.tls) {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {bearer}"));
+    }
     let req = req
         .body(Full::new(Bytes::from(body.to_owned())))
         .map_err(|e| StoreClientError::BadRequest(e.to_string()))?;
@@ -198,7 +252,8 @@ async fn send(
         .headers()
         .get(FENCING_TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
+        .and_then(|v| v.parse::<palisade_core::FencingToken>().ok())
+        .map(palisade_core::FencingToken::get);
     let bytes = resp.into_body().collect().await?.to_bytes();
     Ok(Reply {
         status,

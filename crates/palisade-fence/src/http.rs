@@ -16,6 +16,8 @@
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -25,18 +27,36 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
 use palisade_core::FencingToken;
 use serde_json::{Value, json};
 
+use crate::access::{Access, AccessError, PeerCertificates, Right};
 use crate::fence::{Admitted, FenceError, Fencing};
 use crate::resource::ObjectKey;
 use crate::store::ObjectStore;
+use crate::verify::{Belief, TokenVerifier, VerifyError, lock_for_key};
 
 /// The request and response header that carries the fencing token.
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
 
+/// The request header naming the lock whose token fences the object (the key
+/// itself, or a prefix of it ending at a `/`); without it, the lock is the key.
+/// What a store that verifies tokens asks the lock service about.
+pub const FENCING_LOCK_HEADER: &str = "fencing-lock";
+
 /// Largest object body accepted, in bytes (1 MiB). Larger bodies get `413`.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// How long a client may take to send a request's headers (a connection that
+/// sends none within it, slow-loris or idle, is closed).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a client may take to send a request's body (`408 body_timeout`).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a TLS handshake may take before the connection is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why [`serve`] stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +72,37 @@ pub enum ServeError {
     Tls(String),
 }
 
+/// How a store serves: TLS, who may write, which tokens it believes, and the
+/// deadlines it gives clients. The default is plain HTTP, open to everyone,
+/// trusting every token, with [`HEADER_TIMEOUT`] and [`BODY_TIMEOUT`].
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// HTTPS with this acceptor ([`tls_acceptor`]); `None`: plain HTTP.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Who may do what ([`Access::Policy`] needs TLS: credentials are never
+    /// taken over plaintext).
+    pub access: Access,
+    /// Asks the lock service before a token above an object's highest is
+    /// believed; `None`: every token is believed.
+    pub verifier: Option<Arc<TokenVerifier>>,
+    /// See [`HEADER_TIMEOUT`].
+    pub header_timeout: Duration,
+    /// See [`BODY_TIMEOUT`].
+    pub body_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            tls: None,
+            access: Access::Open,
+            verifier: None,
+            header_timeout: HEADER_TIMEOUT,
+            body_timeout: BODY_TIMEOUT,
+        }
+    }
+}
+
 /// Serves the fenced object store in `data_dir` (created if missing) on
 /// `listener` until `shutdown` completes, then finishes the requests in flight.
 ///
@@ -64,7 +115,8 @@ pub async fn serve(
     fencing: Fencing,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    serve_store(listener, ObjectStore::open(data_dir, fencing)?, shutdown).await
+    let store = ObjectStore::open(data_dir, fencing)?;
+    serve_with(listener, store, ServeOptions::default(), shutdown).await
 }
 
 /// Serves an opened `store` on `listener` until `shutdown` completes.
@@ -76,14 +128,7 @@ pub async fn serve_store(
     store: ObjectStore,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let fencing = store.fencing();
-    if let Ok(addr) = listener.local_addr() {
-        tracing::debug!(%addr, ?fencing, "fence-store listening");
-    }
-    axum::serve(listener, router(store))
-        .with_graceful_shutdown(shutdown)
-        .await?;
-    Ok(())
+    serve_with(listener, store, ServeOptions::default(), shutdown).await
 }
 
 /// The TLS settings of a store that serves HTTPS: its certificate chain and key,
@@ -92,8 +137,23 @@ pub async fn serve_store(
 /// # Errors
 /// [`ServeError::Tls`] naming the file that is unreadable or not PEM.
 pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, ServeError> {
+    tls_acceptor_verifying(cert, key, None)
+}
+
+/// Like [`tls_acceptor`], and when `client_ca` is given, a client certificate
+/// that chains to it is verified and names its holder ([`crate::access`]);
+/// clients without one may still come with a bearer token.
+///
+/// # Errors
+/// [`ServeError::Tls`] naming the file that is unreadable or not PEM.
+pub fn tls_acceptor_verifying(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<tokio_rustls::TlsAcceptor, ServeError> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls;
     let tls = |path: &Path, e: &dyn std::fmt::Display| {
         ServeError::Tls(format!("{}: {e}", path.display()))
     };
@@ -102,17 +162,31 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| tls(cert, &e))?;
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| tls(key, &e))?;
-    let mut config = tokio_rustls::rustls::ServerConfig::builder()
-        .with_no_client_auth()
+    let builder = rustls::ServerConfig::builder();
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| tls(ca, &e))? {
+                roots
+                    .add(c.map_err(|e| tls(ca, &e))?)
+                    .map_err(|e| tls(ca, &e))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| tls(ca, &e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
         .with_single_cert(chain, key_der)
         .map_err(|e| tls(cert, &e))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// Serves an opened `store` over HTTPS on `listener` until `shutdown` completes.
-/// A client that does not finish its handshake within 10 s is dropped; a bad
-/// handshake (plaintext, garbage) affects only its own connection.
 ///
 /// # Errors
 /// [`ServeError::Io`] if the listener fails.
@@ -122,42 +196,101 @@ pub async fn serve_store_tls(
     acceptor: tokio_rustls::TlsAcceptor,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
-    let fencing = store.fencing();
+    let options = ServeOptions {
+        tls: Some(acceptor),
+        ..ServeOptions::default()
+    };
+    serve_with(listener, store, options, shutdown).await
+}
+
+/// Serves an opened `store` on `listener` as `options` say, until `shutdown`
+/// completes; then the requests in flight are finished (for at most
+/// [`BODY_TIMEOUT`]).
+///
+/// Every connection gets `options.header_timeout` for each request's headers
+/// and a TLS connection [`HANDSHAKE_TIMEOUT`] for its handshake; a bad
+/// handshake (plaintext, garbage) affects only its own connection.
+///
+/// # Errors
+/// [`ServeError::Io`] if the listener fails.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    store: ObjectStore,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     if let Ok(addr) = listener.local_addr() {
-        tracing::debug!(%addr, ?fencing, "fence-store listening (TLS)");
+        tracing::debug!(%addr, fencing = ?store.fencing(), tls = options.tls.is_some(),
+            open = options.access.is_open(), "fence-store listening");
     }
-    let app = router(store);
+    let app = router_with(store, &options);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => accepted?,
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => break,
         };
-        let (acceptor, app) = (acceptor.clone(), app.clone());
+        let _ = tcp.set_nodelay(true);
+        let (app, options) = (app.clone(), options.clone());
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let handshake =
-                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
-            let stream = match handshake.await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
+            match &options.tls {
+                None => serve_connection(tcp, None, app, &options, watcher, peer).await,
+                Some(acceptor) => {
+                    let stream =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    let certs = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .map(|c| PeerCertificates(Arc::new(c.to_vec())));
+                    serve_connection(stream, certs, app, &options, watcher, peer).await;
                 }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let service = TowerToHyperService::new(app);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
+    }
+    // Requests in flight finish; idle connections close.
+    let _ = tokio::time::timeout(BODY_TIMEOUT, graceful.shutdown()).await;
+    Ok(())
+}
+
+/// One connection: HTTP/1.1 with the header deadline, every request tagged
+/// with the connection's verified client certificates.
+async fn serve_connection<IO>(
+    io: IO,
+    certs: Option<PeerCertificates>,
+    app: Router,
+    options: &ServeOptions,
+    watcher: hyper_util::server::graceful::Watcher,
+    peer: std::net::SocketAddr,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        if let Some(certs) = &certs {
+            request.extensions_mut().insert(certs.clone());
+        }
+        app.clone().oneshot(request.map(Body::new))
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    if let Err(e) = watcher.watch(connection).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }
 
@@ -168,6 +301,7 @@ struct StoreMetrics {
     accepted: prometheus::IntCounterVec,
     rejected: prometheus::IntCounterVec,
     stale_accepted: prometheus::IntCounter,
+    token_checks: prometheus::IntCounterVec,
 }
 
 /// Why a write was refused, carried from the error to the counting layer.
@@ -177,6 +311,23 @@ struct Refused(&'static str);
 /// Marks a write accepted although its token was stale (fencing off).
 #[derive(Clone, Copy)]
 struct StaleAccepted;
+
+/// Every reason a write can be refused for (the `reason` label's values).
+const REFUSALS: [&str; 13] = [
+    "stale_token",
+    "missing_token",
+    "malformed_token",
+    "bad_key",
+    "bad_lock",
+    "body_too_large",
+    "body_timeout",
+    "unauthenticated",
+    "permission_denied",
+    "token_not_issued",
+    "token_not_current",
+    "token_check_unavailable",
+    "storage",
+];
 
 impl StoreMetrics {
     fn new() -> Self {
@@ -193,7 +344,7 @@ impl StoreMetrics {
             ),
             rejected: vec(
                 "palisade_fence_writes_rejected_total",
-                "Writes the store refused, by reason (stale_token, missing_token, …).",
+                "Writes the store refused, by reason (stale_token, unauthenticated, token_not_issued, …).",
                 "reason",
             ),
             stale_accepted: prometheus::IntCounter::new(
@@ -201,21 +352,31 @@ impl StoreMetrics {
                 "Writes with a stale token the store accepted because fencing is off.",
             )
             .expect("valid counter"),
+            token_checks: vec(
+                "palisade_fence_token_checks_total",
+                "Questions asked of the lock service about a token above an object's highest, by answer.",
+                "answer",
+            ),
         };
         for method in ["PUT", "DELETE"] {
             metrics.accepted.with_label_values(&[method]);
         }
-        for reason in [
-            "stale_token",
-            "missing_token",
-            "malformed_token",
-            "bad_key",
-            "body_too_large",
-            "storage",
-        ] {
+        for reason in REFUSALS {
             metrics.rejected.with_label_values(&[reason]);
         }
-        for c in [metrics.accepted.clone(), metrics.rejected.clone()] {
+        for answer in [
+            "granted",
+            "token_not_issued",
+            "token_not_current",
+            "token_check_unavailable",
+        ] {
+            metrics.token_checks.with_label_values(&[answer]);
+        }
+        for c in [
+            metrics.accepted.clone(),
+            metrics.rejected.clone(),
+            metrics.token_checks.clone(),
+        ] {
             metrics
                 .registry
                 .register(Box::new(c))
@@ -262,10 +423,102 @@ async fn count_writes(
     response
 }
 
-/// The HTTP routes over `store` (for tests, or to mount under another router).
+/// What every handler needs: the store, who may use it, which tokens it
+/// believes.
+#[derive(Clone)]
+struct App {
+    store: ObjectStore,
+    access: Access,
+    verifier: Option<Arc<TokenVerifier>>,
+    body_timeout: Duration,
+    metrics: StoreMetrics,
+}
+
+/// The connection's verified client certificates, when it has any.
+type Certs = Option<axum::Extension<PeerCertificates>>;
+
+impl App {
+    /// The caller, if it may exercise `right` on `key`.
+    fn authorize(
+        &self,
+        certs: &Certs,
+        headers: &HeaderMap,
+        right: Right,
+        key: &str,
+    ) -> Result<(), ApiError> {
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        let certs = certs.as_ref().map(|axum::Extension(c)| c);
+        match self.access.authorize(certs, authorization, right, key) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::info!(key, error = %e, "fence-store request refused");
+                Err(match e {
+                    AccessError::Unauthenticated(why) => {
+                        ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why)
+                    }
+                    AccessError::PermissionDenied(why) => {
+                        ApiError::new(StatusCode::FORBIDDEN, "permission_denied", why)
+                    }
+                })
+            }
+        }
+    }
+
+    /// Refuses `token` for `key` unless it is at most the key's highest (believed
+    /// before, or stale — the store then says so) or the lock service granted it
+    /// for `lock`.
+    async fn believe(
+        &self,
+        key: &ObjectKey,
+        lock: &str,
+        token: FencingToken,
+    ) -> Result<(), ApiError> {
+        let Some(verifier) = &self.verifier else {
+            return Ok(());
+        };
+        let store = self.store.clone();
+        let k = key.clone();
+        let highest = blocking(key, move || store.highest(&k)).await?;
+        if highest.is_some_and(|h| token <= h) {
+            return Ok(());
+        }
+        let answer = verifier.verify(lock, token).await;
+        let label = match &answer {
+            Ok(Belief::Known) => return Ok(()),
+            Ok(Belief::Granted) => "granted",
+            Err(e) => e.code(),
+        };
+        self.metrics.token_checks.with_label_values(&[label]).inc();
+        answer.map(|_| ()).map_err(|e| {
+            tracing::warn!(%key, lock, token = token.get(), error = %e, "token not believed");
+            let status = match e {
+                VerifyError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::CONFLICT,
+            };
+            ApiError::new(status, e.code(), &e)
+                .with(json!({"key": key.as_str(), "lock": lock, "presented": token.get()}))
+        })
+    }
+}
+
+/// The HTTP routes over `store`, open to everyone and trusting every token
+/// (for tests, or to mount under another router).
 pub fn router(store: ObjectStore) -> Router {
+    router_with(store, &ServeOptions::default())
+}
+
+/// The HTTP routes over `store`, with `options`' access and verifier.
+pub fn router_with(store: ObjectStore, options: &ServeOptions) -> Router {
     let metrics = StoreMetrics::new();
-    let rendered = metrics.clone();
+    let app = App {
+        store,
+        access: options.access.clone(),
+        verifier: options.verifier.clone(),
+        body_timeout: options.body_timeout,
+        metrics: metrics.clone(),
+    };
     Router::new()
         .route("/v1/health", get(health))
         .route(
@@ -275,10 +528,10 @@ pub fn router(store: ObjectStore) -> Router {
         // The catch-all route does not match an empty key; say so instead of 404.
         .route("/v1/objects", any(empty_key))
         .route("/v1/objects/", any(empty_key))
+        .route("/metrics", get(render_metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(store)
-        .route("/metrics", get(move || async move { rendered.render() }))
+        .with_state(app)
         .layer(axum::middleware::from_fn_with_state(metrics, count_writes))
 }
 
@@ -343,6 +596,12 @@ impl IntoResponse for ApiError {
             body.extend(extra);
         }
         let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"palisade-fence-store\""),
+            );
+        }
         response.extensions_mut().insert(Refused(self.code));
         response
     }
@@ -356,28 +615,52 @@ fn parse_key(key: Result<UrlPath<String>, PathRejection>) -> Result<ObjectKey, A
     })
 }
 
-fn parse_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
-    let mut values = headers.get_all(FENCING_TOKEN_HEADER).iter();
+/// The one value of header `name`, as text, if present.
+fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+    code: &'static str,
+) -> Result<Option<&'h str>, ApiError> {
+    let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bad = |why: String| ApiError::new(StatusCode::BAD_REQUEST, code, why);
+    if values.next().is_some() {
+        return Err(bad(format!("more than one {name} header")));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| bad(format!("{name} is not ASCII")))
+}
+
+fn parse_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
+    let Some(text) = single_header(headers, FENCING_TOKEN_HEADER, "malformed_token")? else {
         return Err(ApiError::new(
             StatusCode::PRECONDITION_REQUIRED,
             "missing_token",
             "this store only accepts fenced writes: send the lock's token in a Fencing-Token header",
         ));
     };
-    let malformed = |why: &dyn std::fmt::Display| {
-        ApiError::new(StatusCode::BAD_REQUEST, "malformed_token", why)
-    };
-    if values.next().is_some() {
-        return Err(malformed(&"more than one Fencing-Token header"));
-    }
-    let text = value
-        .to_str()
-        .map_err(|_| malformed(&"Fencing-Token is not ASCII"))?;
-    text.parse::<FencingToken>().map_err(|e| malformed(&e))
+    // Strict: digits only, no sign, spaces or leading zeros (FromStr says so).
+    text.parse::<FencingToken>()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_token", e))
 }
 
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError> {
+/// The lock whose token fences `key` (`Fencing-Lock` header, else the key).
+fn parse_lock(headers: &HeaderMap, key: &ObjectKey) -> Result<String, ApiError> {
+    let lock = single_header(headers, FENCING_LOCK_HEADER, "bad_lock")?;
+    lock_for_key(key.as_str(), lock)
+        .map(str::to_owned)
+        .map_err(|why| ApiError::new(StatusCode::BAD_REQUEST, "bad_lock", why))
+}
+
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    deadline: Duration,
+) -> Result<Vec<u8>, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -394,10 +677,15 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError>
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => Ok(collected.to_bytes().to_vec()),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ApiError::new(
+    match tokio::time::timeout(deadline, Limited::new(body, MAX_BODY_BYTES).collect()).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!("the body did not arrive within {} s", deadline.as_secs()),
+        )),
+        Ok(Ok(collected)) => Ok(collected.to_bytes().to_vec()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_body",
             format!("cannot read the body: {e}"),
@@ -428,24 +716,38 @@ fn written(key: &ObjectKey, a: &Admitted) -> Value {
     })
 }
 
-async fn health(State(store): State<ObjectStore>) -> Response {
-    let fencing = match store.fencing() {
+async fn health(State(app): State<App>) -> Response {
+    let fencing = match app.store.fencing() {
         Fencing::On => "on",
         Fencing::Off => "off",
     };
     axum::Json(json!({ "status": "ok", "fencing": fencing })).into_response()
 }
 
+async fn render_metrics(
+    State(app): State<App>,
+    certs: Certs,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    app.authorize(&certs, &headers, Right::Metrics, "")?;
+    Ok(app.metrics.render())
+}
+
 async fn put_object(
-    State(store): State<ObjectStore>,
+    State(app): State<App>,
     key: Result<UrlPath<String>, PathRejection>,
+    certs: Certs,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let key = parse_key(key)?;
+    app.authorize(&certs, &headers, Right::Write, key.as_str())?;
     let token = parse_token(&headers)?;
-    let body = read_body(&headers, body).await?;
+    let lock = parse_lock(&headers, &key)?;
+    let body = read_body(&headers, body, app.body_timeout).await?;
+    app.believe(&key, &lock, token).await?;
     let k = key.clone();
+    let store = app.store.clone();
     let admitted = blocking(&key, move || store.put(&k, token, &body)).await?;
     let mut response = axum::Json(written(&key, &admitted)).into_response();
     if admitted.was_stale() {
@@ -457,16 +759,23 @@ async fn put_object(
 }
 
 async fn get_object(
-    State(store): State<ObjectStore>,
+    State(app): State<App>,
     key: Result<UrlPath<String>, PathRejection>,
+    certs: Certs,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let key = parse_key(key)?;
     let k = key.clone();
+    let store = app.store.clone();
     let object = if headers.contains_key(FENCING_TOKEN_HEADER) {
+        // A fenced read raises the fence: a write, as far as rights go.
+        app.authorize(&certs, &headers, Right::Write, key.as_str())?;
         let token = parse_token(&headers)?;
+        let lock = parse_lock(&headers, &key)?;
+        app.believe(&key, &lock, token).await?;
         blocking(&key, move || store.get_fenced(&k, token).map(|(_, o)| o)).await?
     } else {
+        app.authorize(&certs, &headers, Right::Read, key.as_str())?;
         blocking(&key, move || store.get(&k)).await?
     };
     let Some(object) = object else {
@@ -491,13 +800,18 @@ async fn get_object(
 }
 
 async fn delete_object(
-    State(store): State<ObjectStore>,
+    State(app): State<App>,
     key: Result<UrlPath<String>, PathRejection>,
+    certs: Certs,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let key = parse_key(key)?;
+    app.authorize(&certs, &headers, Right::Write, key.as_str())?;
     let token = parse_token(&headers)?;
+    let lock = parse_lock(&headers, &key)?;
+    app.believe(&key, &lock, token).await?;
     let k = key.clone();
+    let store = app.store.clone();
     let (admitted, deleted) = blocking(&key, move || store.delete(&k, token)).await?;
     let mut body = written(&key, &admitted);
     body["deleted"] = Value::Bool(deleted);

@@ -51,6 +51,7 @@
 //! [`Fencing::Off`] turns the check off (every write accepted, each still recording
 //! its token): the unfenced twin, to show the lost update fencing prevents.
 
+pub mod access;
 pub mod client;
 pub mod durable;
 pub mod fence;
@@ -60,6 +61,7 @@ pub mod postgres;
 pub mod redis;
 pub mod resource;
 pub mod store;
+pub mod verify;
 
 pub use durable::{DurableFence, StoreError};
 pub use fence::{Admitted, Fence, FenceError, Fencing, TokenFence};

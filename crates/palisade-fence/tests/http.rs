@@ -395,3 +395,141 @@ async fn serve_refuses_a_store_already_open() {
     );
     s.stop().await;
 }
+
+/// Sends `raw` bytes on a fresh connection and returns what came back
+/// (everything until the server closes or 5 s pass).
+async fn raw_exchange(base: &str, raw: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(raw).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+        if out.windows(4).any(|w| w == b"\r\n\r\n") && out.ends_with(b"}") {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn tokens_are_spelled_one_way_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), Fencing::On).await;
+    // Byte for byte as a client sends them. Whitespace around a header's value
+    // is not part of it (RFC 9110 §5.5): `fencing-token: 5` is token 5.
+    for (value, status) in [
+        ("05", "400"),
+        ("+5", "400"),
+        ("0x5", "400"),
+        ("5 5", "400"),
+        ("5,6", "400"),
+        ("5", "200"),
+    ] {
+        let raw = format!(
+            "PUT /v1/objects/k HTTP/1.1\r\nhost: x\r\nconnection: close\r\nfencing-token: {value}\r\ncontent-length: 1\r\n\r\nx"
+        );
+        let reply = raw_exchange(&s.base, raw.as_bytes()).await;
+        let first = reply.lines().next().unwrap_or("");
+        assert!(
+            first.starts_with(&format!("HTTP/1.1 {status}")),
+            "{value:?}: {reply}"
+        );
+        if status == "400" {
+            assert!(reply.contains("malformed_token"), "{value:?}: {reply}");
+        }
+    }
+    assert_eq!(s.get("k").await.token(), Some("5"));
+    s.stop().await;
+}
+
+/// A store with short deadlines on a loopback port.
+async fn start_with_deadlines(dir: &Path, deadline: std::time::Duration) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let store = palisade_fence::ObjectStore::open(dir, Fencing::On).unwrap();
+    let options = palisade_fence::http::ServeOptions {
+        header_timeout: deadline,
+        body_timeout: deadline,
+        ..Default::default()
+    };
+    tokio::spawn(palisade_fence::http::serve_with(
+        listener,
+        store,
+        options,
+        std::future::pending(),
+    ));
+    base
+}
+
+#[tokio::test]
+async fn a_client_that_sends_no_header_or_no_body_in_time_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let base = start_with_deadlines(dir.path(), std::time::Duration::from_secs(1)).await;
+    let addr = base.trim_start_matches("http://").to_owned();
+    let started = std::time::Instant::now();
+
+    // Silent, and a slow-loris that never finishes its headers: both closed.
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut loris = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    loris
+        .write_all(b"PUT /v1/objects/k HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    for conn in [&mut silent, &mut loris] {
+        let mut buf = [0u8; 1024];
+        // Closed by the store (EOF, or a 408 and then EOF) long before the
+        // generous bound; a store without the deadline would hold it forever.
+        let mut got = Vec::new();
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(60), conn.read(&mut buf))
+                .await
+                .expect("the store did not close a connection that sent no header")
+            {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.is_empty() || text.starts_with("HTTP/1.1 408"),
+            "{text}"
+        );
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+
+    // Headers in time, but a body that never comes: 408 body_timeout.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(
+        b"PUT /v1/objects/k HTTP/1.1\r\nhost: x\r\nfencing-token: 5\r\ncontent-length: 10\r\n\r\nabc",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("}") {
+        match tokio::time::timeout(std::time::Duration::from_secs(60), slow.read(&mut buf))
+            .await
+            .expect("no answer to a body that never came")
+        {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_timeout"), "{text}");
+    // Nothing was written.
+    let reply = raw_exchange(
+        &base,
+        b"GET /v1/objects/k HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+}

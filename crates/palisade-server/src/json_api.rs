@@ -506,10 +506,10 @@ async fn check_token(State(api): State<Api>, request: Request) -> Response {
         name: q.name,
         token: q.token.0,
     };
-    respond(
-        api.check_token(grpc(parts, message)).await,
-        |r| json!({"current": r.current, "current_token": dec_or_null(r.current_token)}),
-    )
+    respond(api.check_token(grpc(parts, message)).await, |r| {
+        json!({"current": r.current, "current_token": dec_or_null(r.current_token),
+                "issued_through": dec(r.issued_through)})
+    })
 }
 
 async fn status(State(api): State<Api>, request: Request) -> Response {

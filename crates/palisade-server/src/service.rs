@@ -648,6 +648,7 @@ impl Locks for Api {
         Ok(Response::new(CheckTokenResponse {
             current: is_current,
             current_token: current.map_or(0, FencingToken::get),
+            issued_through: machine.last_applied(),
         }))
     }
 

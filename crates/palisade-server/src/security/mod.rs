@@ -17,7 +17,8 @@
 //! - **Limits** ([`conn`]): connections per listener, idle connections,
 //!   calls in flight per identity.
 
-pub mod acl;
+/// The policy file: now [`palisade_auth::policy`], shared with the fenced resources.
+pub use palisade_auth::policy as acl;
 pub mod conn;
 pub mod identity;
 

@@ -1,5 +1,6 @@
-//! Who may do what: the policy file (`palisade serve --auth FILE`), read at start
-//! and again on SIGHUP.
+//! Who may do what: the policy file (`palisade serve --auth FILE`, and
+//! `palisade fence-store --auth FILE` for the fenced object store), read at
+//! start and again on SIGHUP.
 //!
 //! ```toml
 //! # Roles grant rights on lock-name prefixes ("" is every name).
