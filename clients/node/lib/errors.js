@@ -88,6 +88,12 @@ function fromWire(error, status, leaderHeader) {
     opts.currentToken = tokenField(error.current_token);
     opts.presentedToken = tokenField(error.presented_token);
   }
+  // The server's one answer for "no such session" and "wrong key" (so that
+  // session ids reveal nothing): this client's key is right, so its session
+  // is gone.
+  if (code === 'unauthenticated' && error.session_id != null) {
+    return new UnknownSession(message, opts);
+  }
   const cls = BY_CODE.get(code) || PalisadeError;
   return new cls(message, opts);
 }

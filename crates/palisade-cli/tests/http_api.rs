@@ -187,9 +187,12 @@ fn a_long_poll_is_answered_by_the_grant_and_a_caller_that_leaves_leaves_the_queu
 
     // The released token is stale; the current one is current.
     let (_, stale) = get(&addr, &format!("/v1/check-token?name=jobs/x&token={first}"));
+    let issued: u64 = stale["issued_through"].as_str().unwrap().parse().unwrap();
+    assert!(issued >= second, "{stale}");
     assert_eq!(
         stale,
-        json!({"current": false, "current_token": second.to_string()})
+        json!({"current": false, "current_token": second.to_string(),
+            "issued_through": issued.to_string()})
     );
     let (code, stale) = post(
         &addr,
@@ -206,7 +209,10 @@ fn a_long_poll_is_answered_by_the_grant_and_a_caller_that_leaves_leaves_the_queu
     let (_, lock) = get(&addr, "/v1/lock?name=jobs/x");
     assert_eq!(lock, json!({"lock": null}));
     let (code, gone) = post(&addr, "/v1/sessions/keepalive", &b.with(json!({})));
-    assert_eq!((code, error_code(&gone)), (404, "unknown_session"));
+    // The one answer for "no such session" and "wrong key"; `session_id` tells
+    // a client holding the right key that its session is gone.
+    assert_eq!((code, error_code(&gone)), (401, "unauthenticated"));
+    assert_eq!(gone["error"]["session_id"], json!(b.id));
 }
 
 #[test]
@@ -306,8 +312,8 @@ fn bad_input_gets_a_json_error_and_never_reaches_the_log() {
         (
             "/v1/locks/acquire",
             json!({"session_id": "999999", "session_key": s.key, "name": "a"}),
-            404,
-            "unknown_session",
+            401,
+            "unauthenticated",
         ),
     ];
     for (path, body, status, code) in &cases {

@@ -97,6 +97,13 @@ impl ClientError {
                 }
             }
             Some(ErrorCode::LimitReached) => ClientError::LimitReached(msg),
+            // The server's one answer for "no such session" and "wrong key":
+            // this client's key is right, so its session is gone.
+            Some(ErrorCode::Unauthenticated)
+                if status.metadata().contains_key(palisade_proto::SESSION_KEY) =>
+            {
+                ClientError::SessionExpired
+            }
             Some(ErrorCode::Unauthenticated) => ClientError::Unauthenticated(msg),
             Some(ErrorCode::PermissionDenied) => ClientError::PermissionDenied(msg),
             Some(ErrorCode::Cancelled) => ClientError::Cancelled,

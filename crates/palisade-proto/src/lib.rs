@@ -21,6 +21,11 @@ pub const LEADER_KEY: &str = "palisade-leader";
 pub const PRESENTED_TOKEN_KEY: &str = "palisade-presented-token";
 /// On a STALE_TOKEN status: the token of the lock's current grant (decimal).
 pub const CURRENT_TOKEN_KEY: &str = "palisade-current-token";
+/// On an UNAUTHENTICATED status answering a call on a session: the session id
+/// the call named (decimal). The one answer for "no such session" and "wrong
+/// key", so a session id reveals nothing; a client that knows its key is right
+/// reads it as "the session is gone".
+pub const SESSION_KEY: &str = "palisade-session";
 
 /// The machine-readable error codes carried under [`ERROR_KEY`]. Stable: clients
 /// match on them.

@@ -334,6 +334,7 @@ fn refusal(status: &Status) -> Response {
         ("leader", LEADER_KEY),
         ("current_token", CURRENT_TOKEN_KEY),
         ("presented_token", PRESENTED_TOKEN_KEY),
+        ("session_id", palisade_proto::SESSION_KEY),
     ] {
         if let Some(v) = text(key) {
             error[field] = Value::String(v);

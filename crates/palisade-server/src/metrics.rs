@@ -185,7 +185,7 @@ impl ApplyCounters {
             grants += a.grants.len() as u64;
             match &a.outcome {
                 Ok(Reply::SessionCreated { .. }) => self.sessions_created.inc(),
-                Ok(Reply::Released) => released_by[0] += 1,
+                Ok(Reply::Released { retried: false }) => released_by[0] += 1,
                 Ok(Reply::SessionEnded {
                     released,
                     lock_delay,

@@ -120,30 +120,44 @@ impl Api {
     ///
     /// A session absent from this node's state may be committed but not yet
     /// applied (a new leader): it is looked up again after a linearizable
-    /// barrier, and only then called unknown.
+    /// barrier, and only then refused — with the same answer as a wrong key.
     async fn check_owner(
         &self,
         caller: &Caller,
         session: SessionId,
         key: &[u8],
     ) -> Result<(), Status> {
-        let owner = match self.owner_of(session) {
-            Some(owner) => owner,
-            None => {
-                self.linearize().await?;
-                self.owner_of(session).ok_or_else(|| {
-                    ErrorCode::UnknownSession.status(format!("unknown session {session}"))
-                })?
-            }
+        // One answer, after the same barrier, for "no such session" and "wrong
+        // key": a caller without the key learns nothing about which ids live.
+        let refused = || {
+            let mut status = ErrorCode::Unauthenticated.status(format!(
+                "no session {session} with this key (closed, expired, never opened, or another key)"
+            ));
+            status.metadata_mut().insert(
+                palisade_proto::SESSION_KEY,
+                session
+                    .0
+                    .to_string()
+                    .parse()
+                    .expect("digits are valid metadata"),
+            );
+            caller.refuse(status)
         };
         let digest = session_key_digest(key);
-        if owner.key_sha256.is_empty()
-            || !same_secret(digest.as_bytes(), owner.key_sha256.as_bytes())
-        {
-            return Err(caller.refuse(
-                ErrorCode::Unauthenticated.status(format!("wrong key for session {session}")),
-            ));
-        }
+        let matches = |owner: &SessionOwner| {
+            !owner.key_sha256.is_empty()
+                && same_secret(digest.as_bytes(), owner.key_sha256.as_bytes())
+        };
+        let owner = match self.owner_of(session) {
+            Some(owner) if matches(&owner) => owner,
+            _ => {
+                self.linearize().await?;
+                match self.owner_of(session) {
+                    Some(owner) if matches(&owner) => owner,
+                    _ => return Err(refused()),
+                }
+            }
+        };
         if owner.identity != caller.identity {
             return Err(caller.refuse(
                 ErrorCode::PermissionDenied

@@ -48,7 +48,7 @@ from .errors import (
     WaitTimeout,
     WouldBlock,
 )
-from .models import LockInfo, Status, TokenCheck
+from .models import LockInfo, Status, TokenCheck, _int
 
 __all__ = ["Client", "Lease", "FENCING_TOKEN_HEADER"]
 
@@ -491,7 +491,7 @@ class Client:
         sent = time.monotonic()  # the first guarantee runs from here
         reply = self._conn.simple("POST", "/v1/sessions", {"ttl_ms": _ms(ttl), "label": self._label})
         try:
-            session_id, key = str(int(reply["session_id"])), str(reply["session_key"])
+            session_id, key = str(_int(reply.get("session_id"), "session_id")), str(reply["session_key"])
             granted = float(reply["ttl_ms"]) / 1000.0
         except (KeyError, TypeError, ValueError):
             raise ProtocolError(f"unexpected answer to create session: {reply!r}") from None
@@ -572,10 +572,9 @@ class Client:
                 raise
             finally:
                 session.unwatch(abort)
-            try:
-                token = int(reply["token"])
-            except (KeyError, TypeError, ValueError):
-                raise ProtocolError(f"unexpected answer to acquire: {reply!r}") from None
+            token = _int(reply.get("token"), "the token of an acquire")
+            if token == 0:
+                raise ProtocolError(f"unexpected answer to acquire: {reply!r}")
             lease = Lease(self, session, name, token, on_lost)
             if not session.adopt(lease):
                 # Granted, but the answer came after the guarantee ran out: the
@@ -674,7 +673,7 @@ class Client:
         self._check_open()
         reply = self._conn.simple("GET", "/v1/check-token?" + urlencode({"name": name, "token": str(int(token))}))
         current = reply.get("current_token")
-        return TokenCheck(bool(reply.get("current")), None if current is None else int(current))
+        return TokenCheck(bool(reply.get("current")), None if current is None else _int(current, "current_token"))
 
     def status(self) -> Status:
         """The cluster as the node this client talks to (the leader once

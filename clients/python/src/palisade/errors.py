@@ -8,6 +8,7 @@ case they handle. :class:`SessionExpired`, :class:`GrantTooLate`,
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Mapping, Optional, Type
 
 __all__ = [
@@ -186,6 +187,8 @@ class ProtocolError(PalisadeError):
     code = "protocol"
 
 
+_DECIMAL = re.compile(r"[1-9][0-9]*")
+
 _BY_CODE: Dict[str, Type[PalisadeError]] = {
     cls.code: cls
     for cls in (
@@ -206,11 +209,11 @@ _BY_CODE: Dict[str, Type[PalisadeError]] = {
 
 
 def _token(value: Any) -> Optional[int]:
-    """A token field of an error body (a decimal string), ``None`` if absent."""
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
+    """A token field of an error body (a decimal string: digits only, no sign,
+    spaces or leading zeros), ``None`` if absent or not spelled so."""
+    if isinstance(value, str) and (value == "0" or _DECIMAL.fullmatch(value)):
+        return int(value)
+    return None
 
 
 def from_wire(error: Mapping[str, Any]) -> PalisadeError:
@@ -224,6 +227,11 @@ def from_wire(error: Mapping[str, Any]) -> PalisadeError:
             current_token=_token(error.get("current_token")),
             presented_token=_token(error.get("presented_token")),
         )
+    if code == "unauthenticated" and error.get("session_id") is not None:
+        # The server's one answer for "no such session" and "wrong key" (so
+        # that session ids reveal nothing): this client's key is right, so
+        # its session is gone.
+        return UnknownSession(message)
     if code == "not_leader":
         leader = error.get("leader")
         return NotLeader(message, leader=str(leader) if leader else None)

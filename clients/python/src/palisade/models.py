@@ -7,18 +7,25 @@ terms, node ids) as decimal strings; here they are ``int``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import re
 from typing import Any, List, Mapping, Optional, Tuple
 
 from .errors import ProtocolError
 
 __all__ = ["LockInfo", "TokenCheck", "Member", "Status"]
 
+_DECIMAL = re.compile(r"[1-9][0-9]*")
+
 
 def _int(value: Any, what: str) -> int:
-    try:
+    """A number of the wire: a decimal string spelled one way (digits only, no
+    sign, spaces or leading zeros) or a JSON integer; anything else is a
+    protocol error, never a guess (``int(" 5")`` would take it)."""
+    if isinstance(value, str) and (value == "0" or _DECIMAL.fullmatch(value)):
         return int(value)
-    except (TypeError, ValueError):
-        raise ProtocolError(f"{what} is not a number: {value!r}") from None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ProtocolError(f"{what} is not a number: {value!r}")
 
 
 def _opt_int(value: Any, what: str) -> Optional[int]:

@@ -156,6 +156,7 @@ impl LockMachine {
                 owner,
                 held: BTreeSet::new(),
                 waiting: BTreeSet::new(),
+                released: Vec::new(),
             },
         );
         Ok(Reply::SessionCreated { session })
@@ -348,7 +349,11 @@ impl LockMachine {
         grants: &mut Vec<Grant>,
     ) -> Outcome {
         validate_name(&name)?;
-        self.session_mut(session)?;
+        // A retry of a release that already committed (its answer was lost,
+        // say in a failover): the same answer again, and nothing changes.
+        if self.session_mut(session)?.has_released(&name, token) {
+            return Ok(Reply::Released { retried: true });
+        }
         let lock = self
             .locks
             .get_mut(&name)
@@ -370,9 +375,11 @@ impl LockMachine {
             return Err(MachineError::NotHolder { name });
         }
         lock.holder = None;
-        self.session_mut(session)?.held.remove(&name);
+        let s = self.session_mut(session)?;
+        s.held.remove(&name);
+        s.remember_release(name.clone(), token);
         self.grant_next_or_free(index, &name, grants);
-        Ok(Reply::Released)
+        Ok(Reply::Released { retried: false })
     }
 
     fn cancel_wait(&mut self, session: SessionId, name: String) -> Outcome {

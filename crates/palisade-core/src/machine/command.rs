@@ -295,8 +295,13 @@ pub enum Reply {
         #[serde(with = "super::wire::opt_token")]
         holder_token: Option<FencingToken>,
     },
-    /// [`Command::Release`] succeeded.
-    Released,
+    /// [`Command::Release`] succeeded. `retried`: this session had already
+    /// released the lock under this token (an earlier attempt committed and
+    /// its answer was lost); nothing changed this time.
+    Released {
+        /// Whether this was a retry of a release that had already committed.
+        retried: bool,
+    },
     /// [`Command::CancelWait`] succeeded.
     WaitCancelled,
     /// [`Command::EndLockDelay`] succeeded.

@@ -58,7 +58,7 @@ pub use command::{
     Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId, SessionOwner,
 };
 pub use error::{InvariantViolation, MachineError, SnapshotError};
-pub use state::LockMachine;
+pub use state::{LockMachine, RELEASES_REMEMBERED};
 pub use view::{LockView, MachineCounts, SessionView, TokenCheck};
 
 /// Most waiters one lock may queue. Bounds the memory a single hot lock can take

@@ -1,18 +1,19 @@
 //! The snapshot form of a [`LockMachine`]: what a Raft snapshot carries, what a
 //! node keeps on disk and what a new follower receives.
 //!
-//! Format 2 (this version writes it): the 8 bytes `PLSDSNAP`, a little-endian
+//! Format 3 (this version writes it): the 8 bytes `PLSDSNAP`, a little-endian
 //! `u32` format number, then a `postcard` body: the last applied index, every
-//! session (id, TTL, label, owner) and every lock (name, holder and token,
+//! session (id, TTL, label, owner, its last releases) and every lock (name, holder and token,
 //! lock-delay, waiters), each in key order. The per-session mirrors of the lock
 //! table (what each session holds and waits for) are not stored: they are
 //! rebuilt from the lock table on load, which halves the size and makes a
 //! snapshot whose mirrors disagree with its locks impossible to write. A
 //! million held locks take about 30 MB.
 //!
-//! Format 1 (earlier versions): the machine as one JSON object. It still loads,
-//! so a node upgraded in place keeps its state; the next snapshot it takes is
-//! format 2. A format number this version does not know is refused by name
+//! Format 2 (earlier versions) is format 3 without the sessions' releases; it
+//! still loads, as sessions that remember no release. Format 1 (earlier still):
+//! the machine as one JSON object. It still loads too, so a node upgraded in
+//! place keeps its state; the next snapshot it takes is format 3. A format number this version does not know is refused by name
 //! rather than guessed at.
 //!
 //! Both forms are deterministic: replicas with equal states write equal bytes.
@@ -25,31 +26,71 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::MAX_SESSIONS;
 use super::command::{SessionId, SessionOwner};
 use super::error::{InvariantViolation, SnapshotError};
-use super::state::{LockMachine, LockState, SessionState};
+use super::state::{LockMachine, LockState, Release, SessionState};
 
 /// Starts every snapshot of format 2 and later.
 const MAGIC: &[u8; 8] = b"PLSDSNAP";
 /// The format this version writes.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
+/// The format before it, still read.
+const FORMAT_2: u32 = 2;
 
-/// A session as format 2 stores it (its mirrors are rebuilt).
+/// A session as format 3 stores it (its mirrors are rebuilt).
 #[derive(Serialize, Deserialize)]
-struct SessionRecord<L, O> {
+struct SessionRecord<L, O, R> {
     id: SessionId,
     ttl_ms: u64,
     label: L,
     owner: O,
+    released: R,
+}
+
+/// A session as format 2 stored it.
+#[derive(Deserialize)]
+struct SessionRecord2 {
+    id: SessionId,
+    ttl_ms: u64,
+    label: String,
+    owner: SessionOwner,
+}
+
+/// The body of format 3 as read.
+#[derive(Deserialize)]
+struct Body {
+    last_applied: u64,
+    sessions: Vec<SessionRecord<String, SessionOwner, Vec<Release>>>,
+    locks: Vec<(String, LockState)>,
 }
 
 /// The body of format 2 as read.
 #[derive(Deserialize)]
-struct Body {
+struct Body2 {
     last_applied: u64,
-    sessions: Vec<SessionRecord<String, SessionOwner>>,
+    sessions: Vec<SessionRecord2>,
     locks: Vec<(String, LockState)>,
 }
 
-/// The body of format 2 as written: the same fields, streamed from the
+impl From<Body2> for Body {
+    fn from(b: Body2) -> Body {
+        Body {
+            last_applied: b.last_applied,
+            sessions: b
+                .sessions
+                .into_iter()
+                .map(|s| SessionRecord {
+                    id: s.id,
+                    ttl_ms: s.ttl_ms,
+                    label: s.label,
+                    owner: s.owner,
+                    released: Vec::new(),
+                })
+                .collect(),
+            locks: b.locks,
+        }
+    }
+}
+
+/// The body of format 3 as written: the same fields, streamed from the
 /// machine's maps without copying them into vectors first, with a call to the
 /// pause hook every [`PAUSE_EVERY`] entries.
 struct BodyOut<'a, P>(&'a LockMachine, std::cell::RefCell<P>);
@@ -84,6 +125,7 @@ impl<P: FnMut()> Serialize for BodyOut<'_, P> {
                 ttl_ms: s.ttl_ms,
                 label: s.label.as_str(),
                 owner: &s.owner,
+                released: &s.released,
             }
         });
         body.serialize_field("sessions", &Seq(Some(sessions).into()))?;
@@ -97,6 +139,31 @@ impl<P: FnMut()> Serialize for BodyOut<'_, P> {
 }
 
 impl LockMachine {
+    /// The state in format 2, as earlier versions wrote it (for the test that
+    /// such snapshots still load).
+    #[cfg(test)]
+    pub(super) fn to_format_2_bytes(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Body2Out<'a> {
+            last_applied: u64,
+            sessions: Vec<(SessionId, u64, &'a str, &'a SessionOwner)>,
+            locks: Vec<(&'a str, &'a LockState)>,
+        }
+        let body = Body2Out {
+            last_applied: self.last_applied,
+            sessions: self
+                .sessions
+                .iter()
+                .map(|(id, s)| (*id, s.ttl_ms, s.label.as_str(), &s.owner))
+                .collect(),
+            locks: self.locks.iter().map(|(n, l)| (n.as_str(), l)).collect(),
+        };
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&FORMAT_2.to_le_bytes());
+        out.extend_from_slice(&postcard::to_allocvec(&body).expect("to memory"));
+        out
+    }
+
     /// The whole state, `last_applied` included, in the compact snapshot format
     /// (see the [module docs](self)).
     pub fn to_snapshot_bytes(&self) -> Vec<u8> {
@@ -132,6 +199,9 @@ impl LockMachine {
                     .ok_or(SnapshotError::Truncated)?;
                 match u32::from_le_bytes(*format) {
                     FORMAT => Ok(Self::from_body(postcard::from_bytes(body)?)?),
+                    FORMAT_2 => Ok(Self::from_body(
+                        postcard::from_bytes::<Body2>(body)?.into(),
+                    )?),
                     other => Err(SnapshotError::UnknownFormat(other)),
                 }
             }
@@ -144,7 +214,7 @@ impl LockMachine {
         }
     }
 
-    /// Builds the machine from a format 2 body, mirrors included, checking
+    /// Builds the machine from a format 3 body, mirrors included, checking
     /// every invariant on the way (the mirrors agree with the lock table by
     /// construction, so the lookups of a full
     /// [`check_invariants`](Self::check_invariants) would be wasted).
@@ -195,6 +265,7 @@ impl LockMachine {
                 owner: s.owner,
                 held: held.into_iter().collect(),
                 waiting: waiting.into_iter().collect(),
+                released: s.released,
             };
             machine.check_session(s.id, &state)?;
             machine.sessions.insert(s.id, state);

@@ -38,9 +38,42 @@ pub(super) struct SessionState {
     /// [`MAX_LOCKS_PER_SESSION`] need not scan every lock.
     pub(super) held: BTreeSet<String>,
     pub(super) waiting: BTreeSet<String>,
+    /// The session's last few releases (lock name, token), oldest first, at
+    /// most [`RELEASES_REMEMBERED`]: a release retried after its first attempt
+    /// committed (the answer lost in a failover) is answered `Released` again,
+    /// not `NotHolder`.
+    #[serde(default)]
+    pub(super) released: Vec<Release>,
 }
 
+/// A release a session remembers, to answer a retry of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Release {
+    pub(super) name: String,
+    #[serde(with = "wire::token")]
+    pub(super) token: FencingToken,
+}
+
+/// How many releases a session remembers for retries: enough for every
+/// release a client has in flight across one failover.
+pub const RELEASES_REMEMBERED: usize = 8;
+
 impl SessionState {
+    /// Whether this session released `name` under `token` (recently).
+    pub(super) fn has_released(&self, name: &str, token: FencingToken) -> bool {
+        self.released
+            .iter()
+            .any(|r| r.name == name && r.token == token)
+    }
+
+    /// Remembers a release, forgetting the oldest past [`RELEASES_REMEMBERED`].
+    pub(super) fn remember_release(&mut self, name: String, token: FencingToken) {
+        if self.released.len() == RELEASES_REMEMBERED {
+            self.released.remove(0);
+        }
+        self.released.push(Release { name, token });
+    }
+
     pub(super) fn lock_count(&self) -> usize {
         self.held.len() + self.waiting.len()
     }
@@ -158,6 +191,13 @@ impl LockMachine {
         }
         if s.lock_count() > MAX_LOCKS_PER_SESSION {
             return fail(format!("session {id} has {} locks", s.lock_count()));
+        }
+        if s.released.len() > RELEASES_REMEMBERED
+            || s.released.iter().any(|r| {
+                crate::limits::validate_name(&r.name).is_err() || r.token.get() > self.last_applied
+            })
+        {
+            return fail(format!("session {id} remembers a bad release"));
         }
         Ok(())
     }

@@ -168,7 +168,7 @@ fn check_step(
 
     // Observable holders: what the outputs say, replayed on a model.
     match (cmd, reply) {
-        (Command::Release { name, .. }, Reply::Released) => {
+        (Command::Release { name, .. }, Reply::Released { retried: false }) => {
             prop_assert!(model.remove(name).is_some());
         }
         (_, Reply::SessionEnded { released, .. }) => {
@@ -356,7 +356,7 @@ proptest! {
             let mut granted = Vec::new();
             for (cmd, ap) in cmds.iter().zip(&applied) {
                 match (cmd, &ap.outcome) {
-                    (Command::Release { name, .. }, Ok(Reply::Released)) => {
+                    (Command::Release { name, .. }, Ok(Reply::Released { retried: false })) => {
                         prop_assert!(model.remove(name).is_some());
                     }
                     (_, Ok(Reply::SessionEnded { released, .. })) => {

@@ -52,7 +52,7 @@ fn five_waiters_are_served_in_fifo_order_with_handoff_indices_as_tokens() {
     let mut holder = owner;
     for w in &waiters {
         let a = h.apply(release(holder, "q", token));
-        assert_eq!(a.outcome, Ok(Reply::Released));
+        assert_eq!(a.outcome, Ok(Reply::Released { retried: false }));
         assert_eq!(a.grants.len(), 1);
         let g = &a.grants[0];
         assert_eq!((g.name.as_str(), g.session), ("q", *w));
@@ -119,6 +119,49 @@ fn would_block_reports_holder_token_and_changes_nothing() {
 }
 
 #[test]
+fn a_retried_release_is_answered_released_and_changes_nothing() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    let t1 = acquired(&h.apply(acquire(a, "x", false, 0)));
+    h.apply(acquire(b, "x", true, 0));
+    // The first attempt commits and hands the lock to b; its answer is lost.
+    let t2 = h.apply(release(a, "x", t1)).grants[0].token;
+    // The retry, after a failover: the same answer, and b keeps the lock.
+    let retry = h.unchanged(release(a, "x", t1));
+    assert_eq!(retry.outcome, Ok(Reply::Released { retried: true }));
+    assert_eq!(h.m.check_token("x", t2), TokenCheck::Current);
+    // Only the session that released it, and only with its token.
+    assert_eq!(
+        h.refused(release(b, "x", t1)),
+        MachineError::StaleToken {
+            presented: t1,
+            current: t2
+        }
+    );
+    let c = h.session();
+    assert_eq!(
+        h.refused(release(c, "x", t1)),
+        MachineError::NotHolder { name: "x".into() }
+    );
+    // A session remembers its last few releases, not every one.
+    for i in 0..RELEASES_REMEMBERED {
+        let name = format!("l{i}");
+        let t = acquired(&h.apply(acquire(a, &name, false, 0)));
+        h.apply(release(a, &name, t));
+    }
+    assert_eq!(
+        h.refused(release(a, "x", t1)),
+        MachineError::NotHolder { name: "x".into() }
+    );
+    // What it remembers survives a snapshot, and format 2 still loads.
+    let restored = LockMachine::from_snapshot_bytes(&h.m.to_snapshot_bytes()).unwrap();
+    assert_eq!(restored, h.m);
+    let old = LockMachine::from_snapshot_bytes(&h.m.to_format_2_bytes()).unwrap();
+    assert_eq!(old.locks, h.m.locks);
+    assert!(old.sessions.values().all(|s| s.released.is_empty()));
+}
+
+#[test]
 fn release_by_another_session_is_refused() {
     let mut h = Harness::new();
     let (a, b) = (h.session(), h.session());
@@ -138,10 +181,12 @@ fn release_with_stale_token_is_refused() {
     h.apply(release(a, "x", old));
     let new = acquired(&h.apply(acquire(a, "x", false, 0)));
     assert!(new > old);
+    let never = FencingToken::new(new.get() - 1).unwrap();
+    assert_ne!(never, old);
     assert_eq!(
-        h.refused(release(a, "x", old)),
+        h.refused(release(a, "x", never)),
         MachineError::StaleToken {
-            presented: old,
+            presented: never,
             current: new
         }
     );
@@ -596,7 +641,7 @@ fn a_snapshot_of_format_1_json_still_loads() {
     assert_eq!(json.first(), Some(&b'{'));
     let restored = LockMachine::from_snapshot_bytes(&json).unwrap();
     assert_eq!(restored, h.m);
-    // Written again, it is format 2 and loads to the same state.
+    // Written again, it is format 3 and loads to the same state.
     let bytes = restored.to_snapshot_bytes();
     assert!(bytes.starts_with(b"PLSDSNAP"));
     assert!(bytes.len() < json.len());
@@ -614,10 +659,10 @@ fn corrupt_snapshots_are_rejected() {
         Err(SnapshotError::Truncated)
     ));
     let mut newer = bytes.clone();
-    newer[8..12].copy_from_slice(&3u32.to_le_bytes());
+    newer[8..12].copy_from_slice(&4u32.to_le_bytes());
     assert!(matches!(
         LockMachine::from_snapshot_bytes(&newer),
-        Err(SnapshotError::UnknownFormat(3))
+        Err(SnapshotError::UnknownFormat(4))
     ));
     assert!(matches!(
         LockMachine::from_snapshot_bytes(&bytes[..bytes.len() - 3]),
@@ -792,7 +837,7 @@ fn a_release_and_the_previous_holders_next_acquire_share_an_entry_with_one_grant
     let applied =
         h.m.apply_batch(index, vec![release(p, "x", t), acquire(p, "x", true, 0)]);
     h.m.check_invariants().unwrap();
-    assert_eq!(applied[0].outcome, Ok(Reply::Released));
+    assert_eq!(applied[0].outcome, Ok(Reply::Released { retried: false }));
     assert_eq!(
         applied[0].grants,
         vec![Grant {
@@ -835,7 +880,7 @@ fn a_release_of_a_grant_made_by_its_own_entry_is_refused() {
     // In the next entry the same release is a real one.
     assert_eq!(
         h.apply(release(a, "x", tok(index))).outcome,
-        Ok(Reply::Released)
+        Ok(Reply::Released { retried: false })
     );
 }
 
