@@ -19,6 +19,7 @@ use tokio_postgres::{Client, Transaction};
 
 use crate::fence::Admitted;
 use crate::resource::{ResourceError, validate_resource};
+use crate::verify::{TokenVerifier, VerifyError};
 
 /// The table of highest accepted tokens. Idempotent; [`ensure_schema`] runs it.
 pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS palisade_fence (
@@ -53,6 +54,10 @@ pub enum PgFenceError<E = std::convert::Infallible> {
         /// The value found.
         token: i64,
     },
+    /// The token is above the resource's highest and the lock service did not
+    /// vouch for it ([`fenced_write_verified`]); nothing was written.
+    #[error(transparent)]
+    NotBelieved(#[from] VerifyError),
     /// PostgreSQL reported an error; the transaction was not committed.
     #[error("postgres: {0}")]
     Postgres(#[source] tokio_postgres::Error),
@@ -78,6 +83,7 @@ impl PgFenceError {
             PgFenceError::InvalidResource(e) => PgFenceError::InvalidResource(e),
             PgFenceError::TokenOutOfRange(t) => PgFenceError::TokenOutOfRange(t),
             PgFenceError::Corrupt { resource, token } => PgFenceError::Corrupt { resource, token },
+            PgFenceError::NotBelieved(e) => PgFenceError::NotBelieved(e),
             PgFenceError::Postgres(e) => PgFenceError::Postgres(e),
             PgFenceError::Write(never) => match never {},
         }
@@ -216,6 +222,34 @@ where
             Err(PgFenceError::Write(e))
         }
     }
+}
+
+/// [`fenced_write`], believing a token above the resource's highest only once
+/// `verifier` has it from the lock service as a grant of `lock`
+/// ([`crate::verify`]: one question per new token; none for a token believed
+/// before or at most the highest). The question comes before the transaction,
+/// which still makes the decisive check: a token granted for the lock stays so.
+///
+/// # Errors
+/// As [`fenced_write`], plus [`PgFenceError::NotBelieved`].
+pub async fn fenced_write_verified<T, E, F>(
+    client: &mut Client,
+    verifier: &TokenVerifier,
+    lock: &str,
+    resource: &str,
+    token: FencingToken,
+    write: F,
+) -> Result<(Admitted, T), PgFenceError<E>>
+where
+    F: AsyncFnOnce(&Transaction<'_>, Admitted) -> Result<T, E>,
+{
+    let highest = highest_token(client, resource)
+        .await
+        .map_err(PgFenceError::widen)?;
+    if highest.is_none_or(|h| token > h) {
+        verifier.verify(lock, token).await?;
+    }
+    fenced_write(client, resource, token, write).await
 }
 
 /// The highest token accepted for `resource`, `None` if none yet.

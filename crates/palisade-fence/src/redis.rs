@@ -19,6 +19,7 @@ use palisade_core::FencingToken;
 
 use crate::fence::Admitted;
 use crate::resource::{ResourceError, validate_resource};
+use crate::verify::{TokenVerifier, VerifyError};
 
 /// Compares ARGV[1] with the token at KEYS[1]; if not lower, stores it and writes
 /// ARGV[2] at KEYS[2]. Returns `{1, previous-or-false}` or `{0, highest}`.
@@ -69,6 +70,10 @@ pub enum RedisFenceError {
     /// Redis answered something the script never returns.
     #[error("unexpected reply from redis: {0}")]
     UnexpectedReply(String),
+    /// The token is above the resource's highest and the lock service did not
+    /// vouch for it ([`fenced_set_verified`]); nothing was written.
+    #[error(transparent)]
+    NotBelieved(#[from] VerifyError),
 }
 
 /// The key holding the highest accepted token of `resource`.
@@ -112,6 +117,28 @@ pub async fn fenced_set<C: ConnectionLike>(
         }),
         (n, o) => Err(RedisFenceError::UnexpectedReply(format!("[{n}, {o:?}]"))),
     }
+}
+
+/// [`fenced_set`], believing a token above the resource's highest only once
+/// `verifier` has it from the lock service as a grant of `lock`
+/// ([`crate::verify`]: one question per new token). The question comes before
+/// the script, which still makes the decisive check.
+///
+/// # Errors
+/// As [`fenced_set`], plus [`RedisFenceError::NotBelieved`].
+pub async fn fenced_set_verified<C: ConnectionLike>(
+    conn: &mut C,
+    verifier: &TokenVerifier,
+    lock: &str,
+    resource: &str,
+    token: FencingToken,
+    value: &[u8],
+) -> Result<Admitted, RedisFenceError> {
+    let highest = highest_token(conn, resource).await?;
+    if highest.is_none_or(|h| token > h) {
+        verifier.verify(lock, token).await?;
+    }
+    fenced_set(conn, resource, token, value).await
 }
 
 /// The highest token accepted for `resource`, `None` if none yet.

@@ -208,3 +208,64 @@ async fn concurrent_writers_never_let_a_lower_token_write_after_a_higher_one() {
     assert_eq!(*logged.last().unwrap(), TOKENS as i64);
     assert_eq!(doc(&client).await.1, TOKENS as i64);
 }
+
+#[tokio::test]
+async fn a_verified_write_believes_only_tokens_the_lock_service_granted() {
+    use palisade_fence::postgres::fenced_write_verified;
+    use palisade_fence::verify::{TokenVerifier, VerifyError};
+    let (_pg, mut client) = setup().await;
+    let verifier = TokenVerifier::new(common::OneGrant {
+        current: 7,
+        issued: 9,
+    });
+    for (token, expect_future) in [(i64::MAX as u64, true), (8, false)] {
+        let r = fenced_write_verified(
+            &mut client,
+            &verifier,
+            "jobs/nightly",
+            "doc/1",
+            t(token),
+            async |tx, _| {
+                tx.execute("UPDATE doc SET body = 'forged' WHERE id = 1", &[])
+                    .await
+            },
+        )
+        .await;
+        match r {
+            Err(PgFenceError::NotBelieved(VerifyError::FromTheFuture { .. })) => {
+                assert!(expect_future)
+            }
+            Err(PgFenceError::NotBelieved(VerifyError::NotCurrent { .. })) => {
+                assert!(!expect_future)
+            }
+            other => panic!("{token}: {other:?}"),
+        }
+    }
+    for _ in 0..3 {
+        fenced_write_verified(
+            &mut client,
+            &verifier,
+            "jobs/nightly",
+            "doc/1",
+            t(7),
+            async |tx, _| {
+                tx.execute("UPDATE doc SET body = 'by the holder' WHERE id = 1", &[])
+                    .await
+            },
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        verifier.checks(),
+        3,
+        "two refusals and one question for three writes"
+    );
+    let body: String = client
+        .query_one("SELECT body FROM doc WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(body, "by the holder");
+    assert_eq!(highest_token(&client, "doc/1").await.unwrap(), Some(t(7)));
+}

@@ -167,3 +167,56 @@ async fn concurrent_writers_never_let_a_lower_token_write_after_a_higher_one() {
         "the value is not the highest holder's"
     );
 }
+
+#[tokio::test]
+async fn a_verified_set_believes_only_tokens_the_lock_service_granted() {
+    use palisade_fence::redis::fenced_set_verified;
+    use palisade_fence::verify::{TokenVerifier, VerifyError};
+    let (_server, mut c) = setup().await;
+    let verifier = TokenVerifier::new(common::OneGrant {
+        current: 7,
+        issued: 9,
+    });
+    let conn = c.clone();
+    let set = |token: u64, body: &'static [u8]| {
+        let mut c = conn.clone();
+        let verifier = &verifier;
+        async move {
+            fenced_set_verified(
+                &mut c,
+                verifier,
+                "jobs/nightly",
+                "jobs/nightly",
+                t(token),
+                body,
+            )
+            .await
+        }
+    };
+    assert!(matches!(
+        set(u64::MAX, b"made up").await,
+        Err(RedisFenceError::NotBelieved(
+            VerifyError::FromTheFuture { .. }
+        ))
+    ));
+    assert!(matches!(
+        set(8, b"not current").await,
+        Err(RedisFenceError::NotBelieved(VerifyError::NotCurrent { .. }))
+    ));
+    assert_eq!(highest_token(&mut c, "jobs/nightly").await.unwrap(), None);
+    for body in [&b"one"[..], b"two", b"three"] {
+        set(7, body).await.unwrap();
+    }
+    assert_eq!(
+        verifier.checks(),
+        3,
+        "one question for the grant's three writes"
+    );
+    // A lower token is stale without a question.
+    assert!(matches!(
+        set(5, b"old").await,
+        Err(RedisFenceError::StaleToken { .. })
+    ));
+    assert_eq!(verifier.checks(), 3);
+    assert_eq!(get(&mut c, "jobs/nightly").await.as_deref(), Some("three"));
+}

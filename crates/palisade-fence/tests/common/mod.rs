@@ -82,3 +82,32 @@ pub fn check_history(
     }
     Ok(())
 }
+
+/// The lock service's answers as the adapters' verified writes see them: one
+/// lock, `jobs/nightly`, whose current grant is `current`, with tokens issued
+/// up to `issued`. (The real cluster behind `palisade_client::Admin` is
+/// exercised by `palisade-cli`'s `tests/security.rs`.)
+#[allow(dead_code)]
+pub struct OneGrant {
+    pub current: u64,
+    pub issued: u64,
+}
+
+impl palisade_fence::verify::TokenIssuer for OneGrant {
+    fn token_status<'a>(
+        &'a self,
+        lock: &'a str,
+        token: palisade_core::FencingToken,
+    ) -> palisade_fence::verify::BoxFuture<'a, Result<palisade_fence::verify::IssuerAnswer, String>>
+    {
+        let current = (lock == "jobs/nightly")
+            .then_some(self.current)
+            .and_then(palisade_core::FencingToken::new);
+        let answer = palisade_fence::verify::IssuerAnswer {
+            current: current == Some(token),
+            current_token: current,
+            issued_through: self.issued,
+        };
+        Box::pin(async move { Ok(answer) })
+    }
+}
