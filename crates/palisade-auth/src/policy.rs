@@ -12,6 +12,13 @@
 //! read = [""]
 //! admin = true          # membership changes
 //!
+//! # Optional bounds per identity (the largest among its roles applies; a
+//! # role that sets none leaves the node's --max-*-per-identity default).
+//! [roles.batch]
+//! lock = ["batch/"]
+//! max_sessions = 50     # sessions open at once
+//! max_calls = 200       # calls in flight, waiting acquires included
+//!
 //! # A user is a client certificate's name, or a bearer token (stored as its
 //! # SHA-256, lower-case hex: `palisade certs token NAME` prints both).
 //! [[users]]
@@ -52,6 +59,10 @@ struct RoleSpec {
     read: Vec<String>,
     #[serde(default)]
     admin: bool,
+    #[serde(default)]
+    max_sessions: Option<usize>,
+    #[serde(default)]
+    max_calls: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -73,6 +84,12 @@ pub struct Grants {
     pub read: Vec<String>,
     /// Whether it may change membership.
     pub admin: bool,
+    /// Sessions it may hold open at once, if a role bounds them (else the
+    /// node's default applies).
+    pub max_sessions: Option<usize>,
+    /// Calls it may have in flight, if a role bounds them (else the node's
+    /// default applies).
+    pub max_calls: Option<usize>,
 }
 
 impl Grants {
@@ -82,6 +99,8 @@ impl Grants {
             lock: vec![String::new()],
             read: vec![String::new()],
             admin: true,
+            max_sessions: None,
+            max_calls: None,
         }
     }
 
@@ -143,6 +162,16 @@ impl Policy {
                 grants.lock.extend(spec.lock.iter().cloned());
                 grants.read.extend(spec.read.iter().cloned());
                 grants.admin |= spec.admin;
+                for (limit, of_role, what) in [
+                    (&mut grants.max_sessions, spec.max_sessions, "max_sessions"),
+                    (&mut grants.max_calls, spec.max_calls, "max_calls"),
+                ] {
+                    if of_role == Some(0) {
+                        return Err(format!("role {role:?}: {what} must be at least 1"));
+                    }
+                    // Roles add rights, so the most generous bound wins.
+                    *limit = (*limit).max(of_role);
+                }
             }
             if grants.lock.len() > MAX_ENTRIES || grants.read.len() > MAX_ENTRIES {
                 return Err(format!("user {:?}: too many prefixes", user.name));
@@ -221,6 +250,39 @@ mod tests {
     }
 
     #[test]
+    fn the_most_generous_role_bounds_an_identity() {
+        let p = Policy::parse(
+            r#"
+            [roles.few]
+            lock = ["a/"]
+            max_sessions = 2
+            [roles.more]
+            lock = ["b/"]
+            max_sessions = 5
+            max_calls = 7
+            [roles.free]
+            read = [""]
+            [[users]]
+            name = "both"
+            roles = ["few", "more", "free"]
+            [[users]]
+            name = "few"
+            roles = ["few"]
+            [[users]]
+            name = "unbounded"
+            roles = ["free"]
+        "#,
+        )
+        .unwrap();
+        let both = p.grants("both").unwrap();
+        assert_eq!((both.max_sessions, both.max_calls), (Some(5), Some(7)));
+        let few = p.grants("few").unwrap();
+        assert_eq!((few.max_sessions, few.max_calls), (Some(2), None));
+        let free = p.grants("unbounded").unwrap();
+        assert_eq!((free.max_sessions, free.max_calls), (None, None));
+    }
+
+    #[test]
     fn tokens_are_matched_by_digest() {
         let p = Policy::parse(EXAMPLE).unwrap();
         assert_eq!(p.user_of_token("test"), Some("ci")); // sha256("test")
@@ -245,6 +307,10 @@ mod tests {
                 "not 64 hex digits",
             ),
             ("[roles.r]\nlokc = [\"x\"]", "unknown field"),
+            (
+                "[roles.r]\nmax_sessions = 0\n[[users]]\nname = \"a\"\nroles = [\"r\"]",
+                "at least 1",
+            ),
         ] {
             let err = Policy::parse(bad).unwrap_err();
             assert!(err.contains(why), "{bad:?}: {err}");

@@ -126,9 +126,14 @@ pub struct ServeArgs {
     /// Close a connection with no call for this long.
     #[arg(long, default_value = "5m", value_parser = duration_arg)]
     idle_timeout: Duration,
-    /// Calls in flight per identity (waiting acquires included).
+    /// Calls in flight per identity (waiting acquires included; a role's
+    /// `max_calls` in the policy file overrides it).
     #[arg(long, default_value_t = 4096)]
     max_calls_per_identity: usize,
+    /// Sessions open at once per identity on a TLS node (a role's
+    /// `max_sessions` in the policy file overrides it).
+    #[arg(long, default_value_t = 10_000)]
+    max_sessions_per_identity: usize,
     /// Where the log, vote and snapshots live.
     #[arg(long, default_value = "palisade-data")]
     data_dir: PathBuf,
@@ -326,6 +331,7 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
                 max_connections: a.max_connections.max(1),
                 idle_timeout: a.idle_timeout.max(Duration::from_secs(1)),
                 max_calls_per_identity: a.max_calls_per_identity.max(1),
+                max_sessions_per_identity: a.max_sessions_per_identity.max(1),
                 // A client that cannot finish a handshake in the idle time is idle.
                 handshake_timeout: a
                     .idle_timeout

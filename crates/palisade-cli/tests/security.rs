@@ -36,6 +36,9 @@ read = [""]
 [roles.ops]
 read = [""]
 admin = true
+[roles.few]
+lock = ["jobs/"]
+max_sessions = 3
 
 [[users]]
 name = "nightly"
@@ -49,6 +52,9 @@ roles = ["ops", "jobs"]
 [[users]]
 name = "intruder"
 roles = ["jobs"]
+[[users]]
+name = "greedy"
+roles = ["few"]
 [[users]]
 name = "batch"
 token_sha256 = ["TOKEN_DIGEST"]
@@ -85,7 +91,7 @@ impl SecureCluster {
             "--nodes",
             "3",
             "--clients",
-            "admin,nightly,reader,intruder",
+            "admin,nightly,reader,intruder,greedy",
         ]);
         palisade(&["certs", "node", c, "9"]);
         palisade(&["certs", "client", c, "stale", "--expired"]);
@@ -561,6 +567,60 @@ async fn roles_grant_locks_and_reads_by_prefix() {
         .unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
     g.release().await.unwrap();
+}
+
+/// Sessions per identity: `greedy`'s role allows 3, the node's default
+/// (`--max-sessions-per-identity 5`) bounds `nightly`; past its bound an
+/// identity gets `limit_reached` while others still open sessions, and a
+/// closed session makes room again. The refusals are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_past_its_sessions_is_refused_and_others_are_not() {
+    let cluster = SecureCluster::start(&["--max-sessions-per-identity", "5"]);
+    let open = |name: &'static str| {
+        let config = cluster.config_as(name);
+        async move { Client::connect(config).await }
+    };
+    let mut greedy = Vec::new();
+    for _ in 0..3 {
+        greedy.push(open("greedy").await.expect("within greedy's 3"));
+    }
+    for _ in 0..2 {
+        let e = open("greedy").await.err().expect("past greedy's 3");
+        assert!(matches!(e, ClientError::LimitReached(_)), "{e:?}");
+    }
+    // Another identity is not held back by greedy's sessions.
+    let mut nightly = Vec::new();
+    for _ in 0..5 {
+        nightly.push(open("nightly").await.expect("within the node's 5"));
+    }
+    let e = open("nightly").await.err().expect("past the node's 5");
+    assert!(matches!(e, ClientError::LimitReached(_)), "{e:?}");
+    let g = nightly[0]
+        .acquire("jobs/still-works", &AcquireOptions::default())
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+
+    // Closing a session makes room for one more, and only one.
+    greedy.pop().unwrap().close().await.unwrap();
+    greedy.push(open("greedy").await.expect("room after a close"));
+    let e = open("greedy").await.err().expect("full again");
+    assert!(matches!(e, ClientError::LimitReached(_)), "{e:?}");
+
+    // Only a leader refuses (a follower answers "not the leader"): the sum
+    // over the nodes is every refusal, whoever led.
+    let refused: u64 = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            let (_, metrics) = palisade_testkit::http_get(&n.http_addr(), "/metrics").unwrap();
+            counter(
+                &metrics,
+                "palisade_refused_total{reason=\"sessions_per_identity\"}",
+            )
+        })
+        .sum();
+    assert_eq!(refused, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

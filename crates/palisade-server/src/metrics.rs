@@ -287,9 +287,15 @@ pub struct ScrapeSources<'a> {
 }
 
 impl NodeMetrics {
-    /// A registry holding `apply`, the commit and fsync histograms, the
-    /// process's own figures (CPU, memory, open files) and the scrape-time gauges.
-    pub fn new(apply: &ApplyCounters, commit: &Histogram, fsync: &Histogram) -> Self {
+    /// A registry holding `apply`, the commit and fsync histograms, what the
+    /// gatekeeper refused (`refusals`), the process's own figures (CPU,
+    /// memory, open files) and the scrape-time gauges.
+    pub fn new(
+        apply: &ApplyCounters,
+        commit: &Histogram,
+        fsync: &Histogram,
+        refusals: &crate::security::conn::Counters,
+    ) -> Self {
         let registry = Registry::new();
         let peer_vec = |name: &str, help: &str| {
             IntGaugeVec::new(Opts::new(name, help), &["peer"]).expect("valid gauge")
@@ -350,6 +356,7 @@ impl NodeMetrics {
         };
         metrics
             .register(apply, commit, fsync)
+            .and_then(|()| refusals.register(&metrics.registry))
             .expect("metric names are unique");
         metrics
     }

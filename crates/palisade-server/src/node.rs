@@ -256,6 +256,7 @@ pub async fn run_on(
         &sm.counters(),
         commit_clock.histogram(),
         log.fsync_histogram(),
+        &counters,
     );
     let raft_config = Config {
         cluster_name: "palisade".into(),

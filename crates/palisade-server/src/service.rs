@@ -389,6 +389,22 @@ impl Locks for Api {
     ) -> Result<Response<CreateSessionResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
         caller.may_hold_sessions()?;
+        // The bound is the leader's to keep: a follower's count may lag, and
+        // its open would be refused as not the leader's anyway.
+        let (leading, leader) = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow_watched();
+            (m.state == openraft::ServerState::Leader, m.current_leader)
+        };
+        if !leading {
+            return Err(self.not_leader(leader));
+        }
+        // Held until the session is applied (or the open failed), when
+        // `sessions_of` counts it instead.
+        let _opening = self.gatekeeper.reserve_session(&caller, || {
+            let machine = self.shared.machine.read().expect("poisoned");
+            machine.sessions_of(&caller.identity)
+        })?;
         let r = req.into_inner();
         let key = self.session_keys.mint();
         let command = Command::CreateSession {

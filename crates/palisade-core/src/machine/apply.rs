@@ -148,7 +148,7 @@ impl LockMachine {
             });
         }
         let session = SessionId(index);
-        self.sessions.insert(
+        self.insert_session(
             session,
             SessionState {
                 ttl_ms,
@@ -170,8 +170,7 @@ impl LockMachine {
         grants: &mut Vec<Grant>,
     ) -> Outcome {
         let gone = self
-            .sessions
-            .remove(&session)
+            .remove_session(session)
             .ok_or(MachineError::UnknownSession { session })?;
         // Waits go first so that no hand-off below can pick the departing session.
         for name in &gone.waiting {

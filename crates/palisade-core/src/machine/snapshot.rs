@@ -207,7 +207,8 @@ impl LockMachine {
             }
             // Format 1 is a JSON object; anything else fails to parse as one.
             None => {
-                let machine: Self = serde_json::from_slice(bytes)?;
+                let mut machine: Self = serde_json::from_slice(bytes)?;
+                machine.recount_owners();
                 machine.check_invariants()?;
                 Ok(machine)
             }
@@ -268,7 +269,7 @@ impl LockMachine {
                 released: s.released,
             };
             machine.check_session(s.id, &state)?;
-            machine.sessions.insert(s.id, state);
+            machine.insert_session(s.id, state);
         }
         Ok(machine)
     }

@@ -26,6 +26,10 @@ pub struct LockMachine {
     /// Only locks that are held or in lock-delay: a free lock has no entry, which
     /// keeps the state from growing with every name ever used.
     pub(super) locks: OrdMap<String, LockState>,
+    /// Open sessions per owner identity: derived from `sessions`, never
+    /// stored, so the leader can bound sessions per identity without a scan.
+    #[serde(skip)]
+    pub(super) sessions_per_owner: OrdMap<String, usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +121,40 @@ impl LockMachine {
         self.last_applied
     }
 
+    /// Inserts a session, counting it for its owner.
+    pub(super) fn insert_session(&mut self, id: SessionId, state: SessionState) {
+        *self
+            .sessions_per_owner
+            .entry(state.owner.identity.clone())
+            .or_default() += 1;
+        self.sessions.insert(id, state);
+    }
+
+    /// Removes a session, uncounting it for its owner.
+    pub(super) fn remove_session(&mut self, id: SessionId) -> Option<SessionState> {
+        let gone = self.sessions.remove(&id)?;
+        let identity = &gone.owner.identity;
+        match self.sessions_per_owner.get_mut(identity) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                self.sessions_per_owner.remove(identity);
+            }
+        }
+        Some(gone)
+    }
+
+    /// Rebuilds the per-owner counts from the sessions (after a load that
+    /// did not go through [`insert_session`](Self::insert_session)).
+    pub(super) fn recount_owners(&mut self) {
+        self.sessions_per_owner = OrdMap::new();
+        for s in self.sessions.values() {
+            *self
+                .sessions_per_owner
+                .entry(s.owner.identity.clone())
+                .or_default() += 1;
+        }
+    }
+
     /// Verifies every structural invariant: each lock is held xor in lock-delay;
     /// holders and waiters are live sessions; no session waits twice for a lock or
     /// waits for one it holds; the per-session mirrors agree with the lock table;
@@ -169,6 +207,17 @@ impl LockMachine {
             return fail(format!(
                 "sessions claim {waits_claimed} waits but the queues hold {waits_found}"
             ));
+        }
+        let mut owners: OrdMap<&str, usize> = OrdMap::new();
+        for s in self.sessions.values() {
+            *owners.entry(s.owner.identity.as_str()).or_default() += 1;
+        }
+        let counted = self
+            .sessions_per_owner
+            .iter()
+            .map(|(identity, n)| (identity.as_str(), *n));
+        if !owners.into_iter().eq(counted) {
+            return fail("the sessions per owner disagree with the sessions".to_owned());
         }
         Ok(())
     }

@@ -153,6 +153,12 @@ impl LockMachine {
         self.sessions.get(&id).map(|s| &s.owner)
     }
 
+    /// How many live sessions `identity` owns (O(log n); the leader's bound on
+    /// sessions per identity).
+    pub fn sessions_of(&self, identity: &str) -> usize {
+        self.sessions_per_owner.get(identity).copied().unwrap_or(0)
+    }
+
     /// Every live session's id and TTL in milliseconds, sorted by id, copying
     /// nothing else (the lease keeper's full rescan).
     pub fn session_ttls(&self) -> impl Iterator<Item = (SessionId, u64)> + '_ {

@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use prometheus::{IntCounter, IntCounterVec, Opts};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,8 +35,12 @@ pub struct Limits {
     pub max_connections: usize,
     /// A connection with no call in flight for this long is closed.
     pub idle_timeout: Duration,
-    /// Calls in flight per authenticated identity (waiting acquires included).
+    /// Calls in flight per authenticated identity (waiting acquires included),
+    /// unless a role of the identity says otherwise (`max_calls`).
     pub max_calls_per_identity: usize,
+    /// Sessions open at once per authenticated identity (on a TLS node),
+    /// unless a role of the identity says otherwise (`max_sessions`).
+    pub max_sessions_per_identity: usize,
     /// Time a client gets to finish its TLS handshake.
     pub handshake_timeout: Duration,
     /// TLS handshakes in progress per listener; a connection past it is closed
@@ -52,6 +58,7 @@ impl Default for Limits {
             max_connections: 4096,
             idle_timeout: Duration::from_secs(300),
             max_calls_per_identity: 4096,
+            max_sessions_per_identity: 10_000,
             handshake_timeout: Duration::from_secs(10),
             max_handshakes: 256,
             max_handshakes_per_ip: 16,
@@ -59,20 +66,57 @@ impl Default for Limits {
     }
 }
 
-/// What the limits turned away, for logs and tests.
-#[derive(Debug, Default)]
+/// What the limits and the gatekeeper turned away, for logs, tests and the
+/// node's `/metrics` (`palisade_refused_total{reason}`).
+#[derive(Debug)]
 pub struct Counters {
+    family: IntCounterVec,
     /// Connections closed at once because the listener was full.
-    pub refused_connections: AtomicU64,
+    pub refused_connections: IntCounter,
     /// Connections closed for being idle.
-    pub idle_closed: AtomicU64,
+    pub idle_closed: IntCounter,
     /// Calls refused because their identity had too many in flight.
-    pub refused_calls: AtomicU64,
+    pub refused_calls: IntCounter,
+    /// Sessions refused because their identity had too many open.
+    pub refused_sessions: IntCounter,
     /// Calls refused for bad or missing credentials, or missing permission.
-    pub refused_auth: AtomicU64,
+    pub refused_auth: IntCounter,
     /// Connections closed at once because too many TLS handshakes were in
     /// progress (on the listener, or from the same address).
-    pub refused_handshakes: AtomicU64,
+    pub refused_handshakes: IntCounter,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        let family = IntCounterVec::new(
+            Opts::new(
+                "palisade_refused_total",
+                "Connections and calls the node turned away, by reason (connections, idle, calls_per_identity, sessions_per_identity, auth, handshakes).",
+            ),
+            &["reason"],
+        )
+        .expect("valid counter");
+        let of = |reason: &str| family.with_label_values(&[reason]);
+        Counters {
+            refused_connections: of("connections"),
+            idle_closed: of("idle"),
+            refused_calls: of("calls_per_identity"),
+            refused_sessions: of("sessions_per_identity"),
+            refused_auth: of("auth"),
+            refused_handshakes: of("handshakes"),
+            family,
+        }
+    }
+}
+
+impl Counters {
+    /// Adds the counters to a node's registry.
+    ///
+    /// # Errors
+    /// When the registry already holds them.
+    pub fn register(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.family.clone()))
+    }
 }
 
 /// The TLS handshakes in progress on one listener, by source address.
@@ -197,7 +241,7 @@ impl AsyncRead for LimitedConn {
             if activity.in_flight.load(Ordering::Relaxed) > 0 {
                 this.idle.as_mut().reset(Instant::now() + this.idle_timeout);
             } else if deadline <= Instant::now() {
-                this.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                this.counters.idle_closed.inc();
                 tracing::debug!(peer = ?this.info.remote, "closing an idle connection");
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -308,9 +352,7 @@ pub fn incoming(
             // Takes a connection slot, or refuses the connection.
             let limited = move |inner: Box<dyn crate::io::Conn>, peer_certs| {
                 let Ok(slot) = slots.try_acquire_owned() else {
-                    conn_counters
-                        .refused_connections
-                        .fetch_add(1, Ordering::Relaxed);
+                    conn_counters.refused_connections.inc();
                     tracing::warn!(peer = %remote, limit = max_connections, "connection refused: too many open connections");
                     return None;
                 };
@@ -347,7 +389,7 @@ pub fn incoming(
                         .expect("poisoned")
                         .begin(remote.ip(), &limits)
                     {
-                        counters.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                        counters.refused_handshakes.inc();
                         tracing::warn!(peer = %remote, "connection refused: too many TLS handshakes in progress");
                         continue;
                     }

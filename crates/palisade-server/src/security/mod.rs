@@ -24,7 +24,6 @@ pub mod identity;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
 use palisade_proto::ErrorCode;
@@ -229,6 +228,8 @@ pub struct Caller {
     peer: String,
     counters: Arc<Counters>,
     grants: Arc<Grants>,
+    /// Sessions this identity may hold open (`None`: no per-identity bound).
+    max_sessions: Option<usize>,
     _slot: OwnedSemaphorePermit,
     _busy: Option<CallGuard>,
 }
@@ -236,7 +237,7 @@ pub struct Caller {
 impl Caller {
     /// Counts and logs a refusal of this caller's call, and returns it.
     pub fn refuse(&self, status: Status) -> Status {
-        self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+        self.counters.refused_auth.inc();
         tracing::warn!(
             peer = self.peer,
             identity = self.identity,
@@ -323,7 +324,8 @@ impl Caller {
 /// that have calls running, however many have come and gone.
 #[derive(Default)]
 struct CallSlots {
-    by_identity: HashMap<String, Arc<Semaphore>>,
+    /// Each identity's slots and how many it was given.
+    by_identity: HashMap<String, (Arc<Semaphore>, usize)>,
     sweep_above: usize,
 }
 
@@ -331,20 +333,50 @@ impl CallSlots {
     /// Takes one of `identity`'s `max` slots; `None` when all are in use.
     fn take(&mut self, identity: &str, max: usize) -> Option<OwnedSemaphorePermit> {
         if self.by_identity.len() > self.sweep_above {
-            self.by_identity.retain(|_, s| s.available_permits() < max);
+            self.by_identity
+                .retain(|_, (s, given)| s.available_permits() < *given);
             self.sweep_above = (2 * self.by_identity.len()).max(64);
         }
         let slots = match self.by_identity.get(identity) {
-            Some(s) => s.clone(),
-            None => {
+            Some((s, given)) if *given == max => s.clone(),
+            // New, or its bound changed with a policy reload: calls already in
+            // flight keep their old slots and the new bound starts afresh.
+            _ => {
                 let s = Arc::new(Semaphore::new(max));
-                self.by_identity.insert(identity.to_owned(), s.clone());
+                self.by_identity
+                    .insert(identity.to_owned(), (s.clone(), max));
                 s
             }
         };
         // Taken under the map's lock, so a sweep never drops an entry between
         // its look-up and the permit.
         slots.try_acquire_owned().ok()
+    }
+}
+
+/// Sessions being opened (proposed, not yet applied) per identity, so that
+/// concurrent opens cannot all pass the bound before any of them counts.
+#[derive(Default)]
+struct Opening {
+    by_identity: HashMap<String, usize>,
+}
+
+/// One session being opened, counted for its identity until dropped (when
+/// the state machine has applied it, or the open failed).
+pub struct SessionReservation {
+    gatekeeper: Arc<Gatekeeper>,
+    identity: String,
+}
+
+impl Drop for SessionReservation {
+    fn drop(&mut self) {
+        let mut opening = self.gatekeeper.opening.lock().expect("poisoned");
+        if let Some(n) = opening.by_identity.get_mut(&self.identity) {
+            *n -= 1;
+            if *n == 0 {
+                opening.by_identity.remove(&self.identity);
+            }
+        }
     }
 }
 
@@ -355,6 +387,7 @@ pub struct Gatekeeper {
     policy: RwLock<Option<Arc<Policy>>>,
     limits: Limits,
     slots: Mutex<CallSlots>,
+    opening: Mutex<Opening>,
     /// What was turned away.
     pub counters: Arc<Counters>,
 }
@@ -381,6 +414,7 @@ impl Gatekeeper {
             policy: RwLock::new(policy),
             limits: config.limits,
             slots: Mutex::new(CallSlots::default()),
+            opening: Mutex::new(Opening::default()),
             counters,
         })
     }
@@ -404,8 +438,58 @@ impl Gatekeeper {
         Ok(users)
     }
 
+    /// Counts one more session being opened by `caller`, unless that reaches
+    /// its bound; `open_now` reads how many sessions it holds in the applied
+    /// state. It is read under the lock a finished open releases its
+    /// reservation under, after its session was applied, so an open is always
+    /// counted once at least: in flight, applied, or (briefly) both.
+    ///
+    /// The bound is the leader's, not the state machine's: sessions opened
+    /// through an old leader during a change of leader can pass it by the
+    /// opens in flight there, never by more.
+    ///
+    /// # Errors
+    /// `limit_reached`, counted and logged.
+    pub fn reserve_session(
+        self: &Arc<Self>,
+        caller: &Caller,
+        open_now: impl FnOnce() -> usize,
+    ) -> Result<Option<SessionReservation>, Status> {
+        let Some(max) = caller.max_sessions else {
+            return Ok(None);
+        };
+        let mut opening = self.opening.lock().expect("poisoned");
+        let in_flight = opening
+            .by_identity
+            .get(&caller.identity)
+            .copied()
+            .unwrap_or(0);
+        if open_now() + in_flight >= max {
+            drop(opening);
+            self.counters.refused_sessions.inc();
+            tracing::warn!(
+                peer = caller.peer,
+                identity = caller.identity,
+                limit = max,
+                "session refused: too many open"
+            );
+            return Err(ErrorCode::LimitReached.status(format!(
+                "identity {:?} has {max} sessions open, its limit: close one or raise max_sessions for its role",
+                caller.identity
+            )));
+        }
+        *opening
+            .by_identity
+            .entry(caller.identity.clone())
+            .or_default() += 1;
+        Ok(Some(SessionReservation {
+            gatekeeper: self.clone(),
+            identity: caller.identity.clone(),
+        }))
+    }
+
     fn refuse(&self, peer: &str, status: Status) -> Status {
-        self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+        self.counters.refused_auth.inc();
         tracing::warn!(peer, code = ?status.code(), reason = status.message(), "call refused");
         status
     }
@@ -460,29 +544,39 @@ impl Gatekeeper {
             None => Arc::new(Grants::all()),
             Some(p) => Arc::new(p.grants(&identity).cloned().unwrap_or_default()),
         };
+        let max_calls = grants
+            .max_calls
+            .unwrap_or(self.limits.max_calls_per_identity);
         let slot = self
             .slots
             .lock()
             .expect("poisoned")
-            .take(&identity, self.limits.max_calls_per_identity)
+            .take(&identity, max_calls)
             .ok_or_else(|| {
-                self.counters.refused_calls.fetch_add(1, Ordering::Relaxed);
+                self.counters.refused_calls.inc();
                 tracing::warn!(
                     peer,
                     identity,
-                    limit = self.limits.max_calls_per_identity,
+                    limit = max_calls,
                     "call refused: too many in flight"
                 );
                 ErrorCode::LimitReached.status(format!(
-                    "identity {identity:?} has {} calls in flight, the limit",
-                    self.limits.max_calls_per_identity
+                    "identity {identity:?} has {max_calls} calls in flight, the limit"
                 ))
             })?;
+        // On an open node every caller is the same anonymous identity: only
+        // the cluster-wide bound applies there.
+        let max_sessions = self.tls.then(|| {
+            grants
+                .max_sessions
+                .unwrap_or(self.limits.max_sessions_per_identity)
+        });
         Ok(Caller {
             identity,
             peer,
             counters: self.counters.clone(),
             grants,
+            max_sessions,
             _slot: slot,
             _busy: conn.map(|c| c.begin_call()),
         })
@@ -515,7 +609,7 @@ impl PeerCheck {
             return Ok(None);
         }
         let refuse = |status: Status| {
-            self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+            self.counters.refused_auth.inc();
             let peer = conn_info(req).and_then(|c| c.remote);
             tracing::warn!(?peer, reason = status.message(), "raft message refused");
             status
@@ -542,7 +636,7 @@ impl PeerCheck {
     pub fn same_sender(&self, cert: Option<u64>, claimed: Option<u64>) -> Result<(), Status> {
         match cert {
             Some(id) if claimed != Some(id) => {
-                self.counters.refused_auth.fetch_add(1, Ordering::Relaxed);
+                self.counters.refused_auth.inc();
                 tracing::warn!(cert = id, ?claimed, "raft message claims another sender");
                 Err(ErrorCode::PermissionDenied.status(format!(
                     "node {id} sent a message in the name of {claimed:?}"

@@ -1038,3 +1038,38 @@ fn a_commands_kind_is_its_name_in_the_log() {
         assert_eq!(json["op"], cmd.kind(), "{json}");
     }
 }
+
+#[test]
+fn sessions_are_counted_per_owner_through_close_expiry_and_snapshots() {
+    let mut h = Harness::new();
+    let open_as = |h: &mut Harness, identity: &str| match h
+        .apply(Command::CreateSession {
+            ttl_ms: 10_000,
+            label: String::new(),
+            owner: SessionOwner {
+                identity: identity.to_owned(),
+                key_sha256: "k".into(),
+            },
+        })
+        .outcome
+    {
+        Ok(Reply::SessionCreated { session }) => session,
+        other => panic!("{other:?}"),
+    };
+    let a: Vec<SessionId> = (0..3).map(|_| open_as(&mut h, "alice")).collect();
+    let b = open_as(&mut h, "bob");
+    assert_eq!((h.m.sessions_of("alice"), h.m.sessions_of("bob")), (3, 1));
+    assert_eq!(h.m.sessions_of("carol"), 0);
+    h.apply(Command::CloseSession { session: a[0] });
+    h.apply(Command::ExpireSession { session: b });
+    assert_eq!((h.m.sessions_of("alice"), h.m.sessions_of("bob")), (2, 0));
+    let restored = LockMachine::from_snapshot_bytes(&h.m.to_snapshot_bytes()).unwrap();
+    assert_eq!(restored.sessions_of("alice"), 2);
+    let json = LockMachine::from_snapshot_bytes(&serde_json::to_vec(&h.m).unwrap()).unwrap();
+    assert_eq!(json.sessions_of("alice"), 2);
+    assert_eq!(restored, h.m);
+    // A count that disagrees with the sessions is a broken state.
+    let mut broken = h.m.clone();
+    broken.sessions_per_owner.insert("alice".into(), 5);
+    assert!(broken.check_invariants().is_err());
+}
