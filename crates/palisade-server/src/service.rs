@@ -389,6 +389,19 @@ impl Locks for Api {
     ) -> Result<Response<CreateSessionResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
         caller.may_hold_sessions()?;
+        let r = req.into_inner();
+        let key = self.session_keys.mint();
+        let command = Command::CreateSession {
+            ttl_ms: r.ttl_ms,
+            label: r.label,
+            owner: SessionOwner {
+                identity: caller.identity.clone(),
+                key_sha256: session_key_digest(&key),
+            },
+        };
+        // Bad input is refused before it reaches the log: it changes nothing,
+        // not even the commit index.
+        command.check_input().map_err(|e| machine_status(&e))?;
         // The bound is the leader's to keep: a follower's count may lag, and
         // its open would be refused as not the leader's anyway.
         let (leading, leader) = {
@@ -405,19 +418,6 @@ impl Locks for Api {
             let machine = self.shared.machine.read().expect("poisoned");
             machine.sessions_of(&caller.identity)
         })?;
-        let r = req.into_inner();
-        let key = self.session_keys.mint();
-        let command = Command::CreateSession {
-            ttl_ms: r.ttl_ms,
-            label: r.label,
-            owner: SessionOwner {
-                identity: caller.identity.clone(),
-                key_sha256: session_key_digest(&key),
-            },
-        };
-        // Bad input is refused before it reaches the log: it changes nothing,
-        // not even the commit index.
-        command.check_input().map_err(|e| machine_status(&e))?;
         let applied = self.propose(command).await?;
         match applied.outcome {
             Ok(Reply::SessionCreated { session }) => {
