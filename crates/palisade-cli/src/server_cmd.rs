@@ -148,11 +148,18 @@ pub struct ServeArgs {
     /// Snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
-    /// Serve Prometheus metrics (`/metrics`) over plain HTTP on this address.
-    /// Unauthenticated and read-only: it names locks and sessions, so bind it
-    /// where only your monitoring reaches.
+    /// Serve Prometheus metrics (`/metrics`) and the status page on this
+    /// address. On a TLS node: HTTPS with the node's certificate, and only
+    /// for identities with a read or admin role (client certificate or bearer
+    /// token); on a plaintext node: plain HTTP to everyone, loopback only
+    /// unless --insecure.
     #[arg(long, env = "PALISADE_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// On a TLS node, serve --metrics-listen as plain HTTP to everyone anyway
+    /// (a Prometheus on the same host); refused unless that address is
+    /// loopback.
+    #[arg(long, requires = "metrics_listen")]
+    metrics_open: bool,
     /// Threads that run this node's work (default: one per core). Nodes that
     /// share a machine should share its cores: `palisade dev-cluster` gives
     /// each of its nodes cores ÷ nodes (at least one), since threads beyond
@@ -300,8 +307,18 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
             key: a.tls_key.clone().expect("clap requires it"),
             ca: a.tls_ca.clone().expect("clap requires it"),
         });
+    if a.metrics_open
+        && let Some(addr) = a.metrics_listen.filter(|m| !m.ip().is_loopback())
+    {
+        eprintln!(
+            "palisade: refusing --metrics-open on {addr}: the status page names locks and \
+             holders, so an unauthenticated listener must be loopback. Drop --metrics-open \
+             (scrape over HTTPS with a read identity) or listen on 127.0.0.1."
+        );
+        return Ok(exit::USAGE);
+    }
     if tls.is_none() && !a.insecure {
-        for addr in [a.listen, listen_peer] {
+        for addr in [a.listen, listen_peer].into_iter().chain(a.metrics_listen) {
             if !addr.ip().is_loopback() {
                 eprintln!(
                     "palisade: refusing to serve plaintext on {addr}: anyone who reaches it could \
@@ -345,6 +362,7 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         snapshot_every: a.snapshot_every,
         join: a.join,
         metrics_listen: a.metrics_listen,
+        metrics_open: a.metrics_open,
     };
     // Said only once the ports are bound and the data directory is ours: a
     // node that cannot start says why and nothing else.
@@ -360,7 +378,14 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         },
         a.data_dir.display(),
         a.metrics_listen
-            .map(|m| format!("; metrics at http://{m}/metrics"))
+            .map(|m| {
+                let scheme = if a.tls_cert.is_some() && !a.metrics_open {
+                    "https"
+                } else {
+                    "http"
+                };
+                format!("; metrics at {scheme}://{m}/metrics")
+            })
             .unwrap_or_default()
     );
     let served = palisade_server::run_until(config, crate::child::interrupted(), move || {

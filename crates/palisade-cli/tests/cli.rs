@@ -774,3 +774,49 @@ fn serve_calls_an_impossible_configuration_bad_input_and_creates_nothing() {
         assert!(!data.exists(), "{bad:?} created the data directory");
     }
 }
+
+/// The operators' listener names locks and holders: served unauthenticated
+/// (plaintext, or `--metrics-open` on a TLS node) it must be on loopback, and
+/// a node asked otherwise refuses to start (exit 2) and says why.
+#[test]
+fn an_unauthenticated_metrics_listener_off_loopback_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let out = Command::new(bin())
+        .args(["certs", "init", certs.to_str().unwrap(), "--nodes", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let f = |n: &str| certs.join(n).to_str().unwrap().to_owned();
+    let tls = [
+        "--tls-cert".to_owned(),
+        f("node-1.pem"),
+        "--tls-key".into(),
+        f("node-1-key.pem"),
+        "--tls-ca".into(),
+        f("ca.pem"),
+    ];
+    let port = free_ports_in_a_row(3);
+    let data = dir.path().join("data");
+    for (extra, says) in [
+        (vec![], "refusing to serve plaintext on 0.0.0.0"),
+        (tls.to_vec(), "refusing --metrics-open on 0.0.0.0"),
+    ] {
+        let mut cmd = Command::new(bin());
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--listen-peer", &format!("127.0.0.1:{}", port + 1)])
+            .args(["--metrics-listen", &format!("0.0.0.0:{}", port + 2)])
+            .args(&extra)
+            .arg("--data-dir")
+            .arg(&data)
+            .stdin(Stdio::null());
+        if !extra.is_empty() {
+            cmd.arg("--metrics-open");
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!data.exists(), "a refused node creates nothing");
+    }
+}

@@ -39,6 +39,9 @@ admin = true
 [roles.few]
 lock = ["jobs/"]
 max_sessions = 3
+[roles.billing]
+lock = ["billing/"]
+read = ["billing/"]
 
 [[users]]
 name = "nightly"
@@ -54,7 +57,7 @@ name = "intruder"
 roles = ["jobs"]
 [[users]]
 name = "greedy"
-roles = ["few"]
+roles = ["few", "billing"]
 [[users]]
 name = "batch"
 token_sha256 = ["TOKEN_DIGEST"]
@@ -160,6 +163,17 @@ impl SecureCluster {
         );
         c.retry_for = Duration::from_secs(30);
         c
+    }
+
+    /// curl's arguments to present `name`'s client certificate.
+    fn cert_args(&self, name: &str) -> Vec<String> {
+        let f = |n: String| self.certs().join(n).to_str().unwrap().to_owned();
+        vec![
+            "--cert".into(),
+            f(format!("client-{name}.pem")),
+            "--key".into(),
+            f(format!("client-{name}-key.pem")),
+        ]
     }
 
     /// A configuration that speaks TLS but offers no credentials.
@@ -613,7 +627,8 @@ async fn an_identity_past_its_sessions_is_refused_and_others_are_not() {
         .nodes
         .iter()
         .map(|n| {
-            let (_, metrics) = palisade_testkit::http_get(&n.http_addr(), "/metrics").unwrap();
+            let (code, metrics) = curl_text(&cluster, &cluster.cert_args("reader"), n, "/metrics");
+            assert_eq!(code, 200, "{metrics}");
             counter(
                 &metrics,
                 "palisade_refused_total{reason=\"sessions_per_identity\"}",
@@ -1000,6 +1015,26 @@ async fn a_waiting_acquire_outlasts_the_idle_timeout() {
 /// `curl` over TLS against a node of `cluster`, trusting only the cluster's CA,
 /// with `auth` (curl arguments: a bearer header or a client certificate).
 /// Returns the HTTP status and the JSON body.
+/// `curl` of `path` on `node`'s operators' listener (`--metrics-listen`)
+/// over HTTPS with `auth`: the status and the body as text.
+fn curl_text(
+    cluster: &SecureCluster,
+    auth: &[String],
+    node: &PalisadeNode,
+    path: &str,
+) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}", "--cacert"])
+        .arg(cluster.certs().join("ca.pem"))
+        .args(auth)
+        .arg(format!("https://{}{path}", node.http_addr()))
+        .output()
+        .expect("curl (scripts/test installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
 fn curl_tls(
     cluster: &SecureCluster,
     auth: &[String],
@@ -1028,6 +1063,102 @@ fn curl_tls(
         code.trim().parse().unwrap_or(0),
         serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
     )
+}
+
+/// The operators' listener of a TLS node: HTTPS, strangers refused, each
+/// identity sees the locks it may read, and a real Prometheus scrapes it with
+/// the scrape configuration of docs/observability.md (a bearer token, and a
+/// client certificate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_and_metrics_refuse_strangers_and_a_real_prometheus_scrapes_them() {
+    let cluster = SecureCluster::start(&[]);
+    let node = &cluster.nodes[0];
+    let nightly = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    let greedy = Client::connect(cluster.config_as("greedy")).await.unwrap();
+    let jobs = nightly
+        .acquire("jobs/report", &AcquireOptions::default())
+        .await
+        .unwrap();
+    let ledger = greedy
+        .acquire("billing/ledger", &AcquireOptions::default())
+        .await
+        .unwrap();
+
+    for path in ["/metrics", "/", "/status.js", "/status.json"] {
+        let (code, body) = curl_text(&cluster, &[], node, path);
+        assert_eq!(code, 401, "{path} without credentials: {body}");
+        let (code, body) = curl_text(&cluster, &cluster.cert_args("stranger"), node, path);
+        assert_eq!(
+            code, 403,
+            "{path} as an identity the policy does not know: {body}"
+        );
+        let (code, body) = curl_text(&cluster, &cluster.cert_args("reader"), node, path);
+        assert_eq!(code, 200, "{path} as reader: {body}");
+    }
+    // Plain HTTP to the HTTPS port gets no page.
+    assert!(!matches!(
+        palisade_testkit::http_get(&node.http_addr(), "/metrics"),
+        Ok((200, _))
+    ));
+    let names = |auth: Vec<String>| {
+        let (code, body) = curl_text(&cluster, &auth, node, "/status.json");
+        assert_eq!(code, 200, "{body}");
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let mut names: Vec<String> = status["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let bearer = vec!["-H".into(), format!("Authorization: Bearer {BATCH_TOKEN}")];
+    assert_eq!(
+        names(cluster.cert_args("reader")),
+        ["billing/ledger", "jobs/report"]
+    );
+    assert_eq!(names(cluster.cert_args("nightly")), ["jobs/report"]);
+    assert_eq!(names(bearer), ["jobs/report"]);
+    assert_eq!(names(cluster.cert_args("greedy")), ["billing/ledger"]);
+
+    // The scrape configuration of docs/observability.md, twice: by bearer
+    // token (batch) and by client certificate (reader).
+    let certs = cluster.certs();
+    let file = |n: &str| certs.join(n).to_str().unwrap().to_owned();
+    let token_file = cluster.dir.path().join("batch.token");
+    let targets = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("'{}'", n.http_addr()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let jobs_yaml = format!(
+        "  - job_name: palisade-token\n    scheme: https\n    tls_config:\n      ca_file: {ca}\n    authorization:\n      credentials_file: {token}\n    static_configs:\n      - targets: [{targets}]\n\
+         \x20 - job_name: palisade-cert\n    scheme: https\n    tls_config:\n      ca_file: {ca}\n      cert_file: {cert}\n      key_file: {key}\n    static_configs:\n      - targets: [{targets}]\n",
+        ca = file("ca.pem"),
+        token = token_file.display(),
+        cert = file("client-reader.pem"),
+        key = file("client-reader-key.pem"),
+    );
+    let prometheus = palisade_testkit::PrometheusServer::start_with_jobs(&jobs_yaml).unwrap();
+    let scraped = |job: &str| {
+        let expr = format!("count(up{{job=\"{job}\"}} == 1)");
+        let body = prometheus.query(&expr).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        v["data"]["result"][0]["value"][1].as_str() == Some("3")
+    };
+    let start = Instant::now();
+    while !(scraped("palisade-token") && scraped("palisade-cert")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "prometheus never scraped all 3 nodes both ways: {}",
+            prometheus.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    jobs.release().await.unwrap();
+    ledger.release().await.unwrap();
 }
 
 #[test]

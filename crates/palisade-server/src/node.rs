@@ -46,8 +46,13 @@ pub struct ServerConfig {
     pub snapshot_every: u64,
     /// Start as a learner-to-be: do not bootstrap; wait for a leader to add us.
     pub join: bool,
-    /// Where to serve `/metrics` over HTTP (none: no HTTP listener).
+    /// Where to serve `/metrics` and the status page (none: no such listener).
+    /// On a TLS node it speaks HTTPS and authenticates, unless `metrics_open`.
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve `metrics_listen` as plain HTTP to everyone even on a TLS node (a
+    /// Prometheus on the same host; the command line allows it on loopback
+    /// only).
+    pub metrics_open: bool,
 }
 
 /// What can stop a node from starting.
@@ -395,6 +400,7 @@ pub async fn run_on(
             ),
             stopped(stop_rx.clone()),
         );
+    let counters_for_http = counters.clone();
     let peer_check = PeerCheck {
         tls: tls.is_some(),
         counters: counters.clone(),
@@ -411,23 +417,22 @@ pub async fn run_on(
             stopped(stop_rx),
         );
     let http = http_listener.map(|listener| {
-        let observed = Arc::new(crate::http::Observed {
+        let observed = crate::http::Observed {
             raft: raft.clone(),
             shared: shared_for_http.clone(),
             committed,
             metrics: node_metrics,
             status,
-        });
-        let stop = stopped(stop_rx_http);
-        tokio::spawn(async move {
-            // An HTTP failure must not take the lock service down with it.
-            if let Err(e) = axum::serve(listener, crate::http::router(observed))
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                tracing::error!(error = %e, "the metrics listener failed");
-            }
-        })
+            access: None,
+        };
+        let tls = tls.as_ref().filter(|_| !config.metrics_open);
+        let operators = Operators {
+            listener,
+            limits,
+            counters: counters_for_http,
+            tls: tls.map(|tls| (tls.client_listener(), gatekeeper.clone())),
+        };
+        tokio::spawn(operators.serve(observed, stopped(stop_rx_http)))
     });
     // Signals are the operating system's; a simulated node has none.
     let reloads = tokio::spawn(async move {
@@ -517,6 +522,60 @@ async fn reload_on_hangup(gatekeeper: Arc<Gatekeeper>) {
         match gatekeeper.reload() {
             Ok(users) => tracing::warn!(users, "policy file reloaded"),
             Err(e) => tracing::error!(error = %e, "policy file NOT reloaded; the old policy stays"),
+        }
+    }
+}
+
+/// The operators' listener (`/metrics`, the status page) and how it is
+/// served: plain HTTP to everyone, or HTTPS with the client listener's TLS,
+/// limits and gatekeeper.
+struct Operators {
+    listener: tokio::net::TcpListener,
+    limits: crate::security::conn::Limits,
+    counters: Arc<Counters>,
+    tls: Option<(crate::security::TlsAcceptor, Arc<Gatekeeper>)>,
+}
+
+impl Operators {
+    async fn serve(
+        self,
+        mut observed: crate::http::Observed,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) {
+        // An HTTP failure must not take the lock service down with it.
+        let failed = |e: &dyn std::fmt::Display| {
+            tracing::error!(error = %e, "the metrics listener failed");
+        };
+        match self.tls {
+            None => {
+                let router = crate::http::router(Arc::new(observed));
+                if let Err(e) = axum::serve(self.listener, router)
+                    .with_graceful_shutdown(stop)
+                    .await
+                {
+                    failed(&e);
+                }
+            }
+            Some((acceptor, gatekeeper)) => {
+                observed.access = Some(gatekeeper);
+                let router = crate::http::router(Arc::new(observed));
+                let served = tonic::transport::Server::builder()
+                    .accept_http1(true)
+                    .add_routes(router.into())
+                    .serve_with_incoming_shutdown(
+                        incoming(
+                            Accepting::Tcp(self.listener),
+                            self.limits,
+                            self.counters,
+                            Some(acceptor),
+                        ),
+                        stop,
+                    )
+                    .await;
+                if let Err(e) = served {
+                    failed(&e);
+                }
+            }
         }
     }
 }

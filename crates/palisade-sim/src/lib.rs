@@ -356,6 +356,7 @@ pub fn start_cluster(sim: &mut turmoil::Sim<'_>, config: &SimConfig) -> Cluster 
             snapshot_every: 40,
             join: false,
             metrics_listen: None,
+            metrics_open: false,
         };
         // Each start of the node mints session keys from its own seed, so a
         // replay mints the same keys and a restart does not repeat them.

@@ -23,17 +23,28 @@ impl PrometheusServer {
     /// # Errors
     /// When the binary is missing or the server is not ready within 60 s.
     pub fn start(targets: &[String]) -> std::io::Result<Self> {
-        let dir = tempfile::tempdir()?;
         let list = targets
             .iter()
             .map(|t| format!("'{t}'"))
             .collect::<Vec<_>>()
             .join(", ");
+        Self::start_with_jobs(&format!(
+            "  - job_name: palisade\n    static_configs:\n      - targets: [{list}]\n"
+        ))
+    }
+
+    /// Starts Prometheus with `jobs` as its `scrape_configs` list (YAML, each
+    /// item indented two spaces), scraping once a second.
+    ///
+    /// # Errors
+    /// When the binary is missing or the server is not ready within 60 s.
+    pub fn start_with_jobs(jobs: &str) -> std::io::Result<Self> {
+        let dir = tempfile::tempdir()?;
         std::fs::write(
             dir.path().join("prometheus.yml"),
             format!(
                 "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: palisade\n    static_configs:\n      - targets: [{list}]\n"
+                 scrape_configs:\n{jobs}"
             ),
         )?;
         let mut server = PrometheusServer {

@@ -303,6 +303,19 @@ impl Caller {
         !self.grants.read.is_empty()
     }
 
+    /// Refuses unless the caller may look at the node's metrics and status
+    /// page: some `read` right, or `admin`.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn may_observe(&self) -> Result<(), Status> {
+        if self.reads_something() || self.grants.admin {
+            Ok(())
+        } else {
+            Err(self.deny("see this node's metrics and status (it has no read or admin role)"))
+        }
+    }
+
     /// Refuses unless the caller has the admin role.
     ///
     /// # Errors
