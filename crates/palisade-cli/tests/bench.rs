@@ -63,6 +63,7 @@ fn bench_lock_prints_every_backends_rows_from_one_run() {
         ("zookeeper", 3),
         ("etcd", 3),
         ("postgres", 1),
+        ("postgres-poll", 1),
     ] {
         let of = |clients: u64, workload: &str| {
             rows.iter().find(|r| {
@@ -84,7 +85,7 @@ fn bench_lock_prints_every_backends_rows_from_one_run() {
         // Three clients taking turns for 300 ms hand the lock over at least once.
         assert!(contended["handoff_p50_us"].is_u64(), "{contended}");
     }
-    assert_eq!(rows.len(), 6 * 3, "{rows:?}");
+    assert_eq!(rows.len(), 7 * 3, "{rows:?}");
 
     // A URL with an unknown scheme is bad input: exit 2, nothing started.
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))

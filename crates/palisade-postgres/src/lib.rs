@@ -28,9 +28,16 @@
 //!   it holds the lock. The fencing token is what keeps its late writes out: the
 //!   resource must check it (the `palisade-fence` PostgreSQL adapter accepts
 //!   these tokens as they are).
-//! - **Waiting** polls with a bounded, jittered backoff (10 ms doubling to
-//!   250 ms) until the lock is granted or the wait runs out; a waiter leaves
-//!   nothing in the database.
+//! - **Waiting** is woken by the release: a release (or a close) deletes the
+//!   row and sends `NOTIFY palisade_locks, 'NAME'` in the same statement, so
+//!   the notification goes out when the row is gone, and every connection that
+//!   `LISTEN`s ([`CHANNEL`]) wakes its waiters for that name, who try again at
+//!   once. A hold that *expires* sends nothing (nobody commits at expiry), so
+//!   waiters also poll with a bounded, jittered backoff (10 ms doubling to
+//!   250 ms); with `palisade_wait=poll` in the URL (for a pooler that cannot
+//!   `LISTEN`, such as PgBouncer in transaction mode) they only poll. A waiter
+//!   subscribes before its first attempt, so a release between its attempt and
+//!   its wait still wakes it. A waiter leaves nothing in the database.
 //! - **Closing** the session ([`FencedLocks::close`]) first ends every live
 //!   lease's guarantee, then deletes every row the session holds.
 //! - No lock-delay: a non-zero [`LockOptions::lock_delay`] is refused.
@@ -43,8 +50,9 @@ use std::time::{Duration, Instant};
 use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
+use tokio::sync::broadcast;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// The backend's name in errors and URLs.
 pub const BACKEND: &str = "postgres";
@@ -74,11 +82,50 @@ UPDATE palisade_locks
     SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
     WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > clock_timestamp()";
 
-/// Ends every hold of one session (`$1`: `SESSION-%`).
-const CLOSE: &str = "DELETE FROM palisade_locks WHERE holder LIKE $1";
+/// The channel a release notifies, with the lock's name as the payload.
+pub const CHANNEL: &str = "palisade_locks";
 
-/// Ends a hold (only this grant's).
-const RELEASE: &str = "DELETE FROM palisade_locks WHERE name = $1 AND holder = $2 AND token = $3";
+/// Ends every hold of one session (`$1`: `SESSION-%`), waking their waiters.
+const CLOSE: &str = "
+WITH gone AS (DELETE FROM palisade_locks WHERE holder LIKE $1 RETURNING name)
+SELECT pg_notify('palisade_locks', name) FROM gone";
+
+/// Ends a hold (only this grant's), waking its waiters: one row if it did.
+const RELEASE: &str = "
+WITH gone AS (DELETE FROM palisade_locks WHERE name = $1 AND holder = $2 AND token = $3 RETURNING name)
+SELECT pg_notify('palisade_locks', name) FROM gone";
+
+/// The URL parameter that chooses how waiters wait (`notify`, the default, or
+/// `poll`); Palisade's own, taken out before the URL reaches the driver.
+pub const WAIT_PARAMETER: &str = "palisade_wait";
+
+/// Splits Palisade's [`WAIT_PARAMETER`] off a PostgreSQL URL: the URL the
+/// driver gets, and whether waiters listen for releases.
+fn wait_mode(url: &str) -> Result<(String, bool), LockError> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), true));
+    };
+    let mut listen = true;
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((WAIT_PARAMETER, "notify")) => listen = true,
+            Some((WAIT_PARAMETER, "poll")) => listen = false,
+            Some((WAIT_PARAMETER, other)) => {
+                return Err(LockError::InvalidInput(format!(
+                    "postgres URL: {WAIT_PARAMETER}={other:?} (expected notify or poll)"
+                )));
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((url, listen))
+}
 
 fn unavailable(detail: impl std::fmt::Display) -> LockError {
     LockError::Unavailable {
@@ -130,6 +177,9 @@ struct Inner {
     /// session ends them before it deletes the rows.
     live:
         std::sync::Mutex<std::collections::HashMap<String, (Guarantee, tokio::task::AbortHandle)>>,
+    /// The names of released locks, as the connection's notifications bring
+    /// them (`None`: waiters only poll).
+    released: Option<broadcast::Sender<String>>,
 }
 
 impl Inner {
@@ -157,17 +207,34 @@ impl PgLocks {
     pub async fn connect(url: &str, ttl: Duration) -> Result<PgLocks, LockError> {
         palisade_core::limits::validate_ttl(ttl)
             .map_err(|e| LockError::InvalidInput(e.to_string()))?;
+        let (url, listen) = wait_mode(url)?;
         let config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| LockError::InvalidInput(format!("postgres URL: {e}")))?;
-        let (client, connection) =
+        let (client, mut connection) =
             tokio::time::timeout(Duration::from_secs(10), config.connect(NoTls))
                 .await
                 .map_err(|_| unavailable("connecting timed out after 10 s"))?
                 .map_err(pg_error)?;
+        let released = listen.then(|| broadcast::channel(1024).0);
+        let notify = released.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "postgres connection ended");
+            // Driving the connection by hand, rather than awaiting it, is
+            // what hands its notifications over.
+            while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        if let Some(tx) = &notify {
+                            // No waiter listening is no error.
+                            let _ = tx.send(n.payload().to_owned());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "postgres connection ended");
+                        break;
+                    }
+                }
             }
         });
         // Two first-time clients may race to create the schema; the loser of
@@ -182,12 +249,19 @@ impl PgLocks {
                 Err(e) => return Err(pg_error(e)),
             }
         }
+        if listen {
+            client
+                .batch_execute(&format!("LISTEN {CHANNEL}"))
+                .await
+                .map_err(pg_error)?;
+        }
         Ok(PgLocks {
             inner: Arc::new(Inner {
                 client,
                 ttl,
                 session: format!("{:032x}", rand::random::<u128>()),
                 live: std::sync::Mutex::default(),
+                released,
             }),
         })
     }
@@ -229,6 +303,13 @@ impl PgLocks {
         let holder = format!("{}-{:032x}", self.inner.session, rand::random::<u128>());
         let give_up = Instant::now() + options.wait;
         let mut backoff = Duration::from_millis(10);
+        // Subscribed before the first attempt: a release after it fails
+        // wakes this waiter even if it comes before the wait begins.
+        let mut released = self
+            .inner
+            .released
+            .as_ref()
+            .map(broadcast::Sender::subscribe);
         loop {
             let sent = Instant::now();
             if let Some(token) = self.try_grant(name, &holder).await? {
@@ -252,8 +333,30 @@ impl PgLocks {
             }
             let jitter =
                 Duration::from_millis(rand::random_range(0..=backoff.as_millis() as u64 / 2));
-            tokio::time::sleep((backoff + jitter).min(give_up - now)).await;
+            let poll = tokio::time::sleep((backoff + jitter).min(give_up - now));
+            match &mut released {
+                Some(released) => {
+                    tokio::select! {
+                        () = poll => {}
+                        () = released_lock(released, name) => {}
+                    }
+                }
+                None => poll.await,
+            }
             backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+}
+
+/// Returns once `name` is released (or a notification may have been missed:
+/// the receiver lagged); never, once the connection has ended.
+async fn released_lock(released: &mut broadcast::Receiver<String>, name: &str) {
+    loop {
+        match released.recv().await {
+            Ok(released) if released == name => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
         }
     }
 }
@@ -288,7 +391,7 @@ impl FencedLocks for PgLocks {
             let pattern = format!("{}-%", self.inner.session);
             self.inner
                 .client
-                .execute(CLOSE, &[&pattern])
+                .query(CLOSE, &[&pattern])
                 .await
                 .map(|_| ())
                 .map_err(pg_error)
@@ -363,9 +466,10 @@ async fn release(
     let token = token.get() as i64;
     let deleted = inner
         .client
-        .execute(RELEASE, &[&name, &holder, &token])
+        .query(RELEASE, &[&name, &holder, &token])
         .await
-        .map_err(pg_error)?;
+        .map_err(pg_error)?
+        .len();
     if deleted == 1 {
         Ok(())
     } else {
@@ -482,5 +586,31 @@ impl std::fmt::Debug for PgLease {
             .field("token", &self.token)
             .field("remaining", &self.remaining())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_parameter_is_taken_out_of_the_url() {
+        let ok = |url: &str| wait_mode(url).unwrap();
+        assert_eq!(ok("postgres://u@h/db"), ("postgres://u@h/db".into(), true));
+        assert_eq!(
+            ok("postgres://u@h/db?palisade_wait=poll"),
+            ("postgres://u@h/db".into(), false)
+        );
+        assert_eq!(
+            ok("postgres://u@h/db?sslmode=disable&palisade_wait=notify&application_name=x"),
+            (
+                "postgres://u@h/db?sslmode=disable&application_name=x".into(),
+                true
+            )
+        );
+        assert!(matches!(
+            wait_mode("postgres://u@h/db?palisade_wait=sometimes"),
+            Err(LockError::InvalidInput(_))
+        ));
     }
 }
