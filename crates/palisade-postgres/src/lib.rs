@@ -28,11 +28,15 @@
 //!   it holds the lock. The fencing token is what keeps its late writes out: the
 //!   resource must check it (the `palisade-fence` PostgreSQL adapter accepts
 //!   these tokens as they are).
-//! - **Waiting** is woken by the release: a release (or a close) deletes the
-//!   row and sends `NOTIFY palisade_locks, 'NAME'` in the same statement, so
-//!   the notification goes out when the row is gone, and every connection that
+//! - **Waiting** is woken by the release: a waiter whose attempt failed marks
+//!   the row `waited`, and a release (or a close) of a `waited` row deletes it
+//!   and sends `NOTIFY palisade_locks, 'NAME'` in the same statement, so the
+//!   notification goes out when the row is gone, and every connection that
 //!   `LISTEN`s ([`CHANNEL`]) wakes its waiters for that name, who try again at
-//!   once. A hold that *expires* sends nothing (nobody commits at expiry), so
+//!   once. A release nobody waits for sends nothing (a notifying commit takes
+//!   a database-wide lock in PostgreSQL, which uncontended locks should not
+//!   pay). If the row is gone by the time the waiter marks it, the waiter tries
+//!   again at once. A hold that *expires* sends nothing (nobody commits at expiry), so
 //!   waiters also poll with a bounded, jittered backoff (10 ms doubling to
 //!   250 ms); with `palisade_wait=poll` in the URL (for a pooler that cannot
 //!   `LISTEN`, such as PgBouncer in transaction mode) they only poll. A waiter
@@ -64,8 +68,18 @@ CREATE TABLE IF NOT EXISTS palisade_locks (
     name text PRIMARY KEY,
     holder text NOT NULL,
     token bigint NOT NULL CHECK (token > 0),
-    expires_at timestamptz NOT NULL
-)";
+    expires_at timestamptz NOT NULL,
+    waited boolean NOT NULL DEFAULT false
+);
+-- Tables of earlier versions lack `waited`; ALTER only then, since it takes
+-- the table's strongest lock even when there is nothing to add.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'palisade_locks'::regclass
+                     AND attname = 'waited' AND NOT attisdropped) THEN
+        ALTER TABLE palisade_locks ADD COLUMN waited boolean NOT NULL DEFAULT false;
+    END IF;
+END $$";
 
 /// Grants `$1` to holder `$2` for `$3` ms if it is free or its holder expired.
 const GRANT: &str = "
@@ -85,15 +99,23 @@ UPDATE palisade_locks
 /// The channel a release notifies, with the lock's name as the payload.
 pub const CHANNEL: &str = "palisade_locks";
 
-/// Ends every hold of one session (`$1`: `SESSION-%`), waking their waiters.
-const CLOSE: &str = "
-WITH gone AS (DELETE FROM palisade_locks WHERE holder LIKE $1 RETURNING name)
-SELECT pg_notify('palisade_locks', name) FROM gone";
+/// Marks a held lock as waited for, so that its release notifies: one row
+/// if the lock is still held.
+const WAITING: &str = "UPDATE palisade_locks SET waited = true WHERE name = $1";
 
-/// Ends a hold (only this grant's), waking its waiters: one row if it did.
+/// Ends every hold of one session (`$1`: `SESSION-%`), waking the waiters of
+/// those that have some.
+const CLOSE: &str = "
+WITH gone AS (DELETE FROM palisade_locks WHERE holder LIKE $1 RETURNING name, waited),
+woken AS (SELECT pg_notify('palisade_locks', name) FROM gone WHERE waited)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM woken)";
+
+/// Ends a hold (only this grant's), waking its waiters if it has some: how
+/// many rows it deleted (one if it did).
 const RELEASE: &str = "
-WITH gone AS (DELETE FROM palisade_locks WHERE name = $1 AND holder = $2 AND token = $3 RETURNING name)
-SELECT pg_notify('palisade_locks', name) FROM gone";
+WITH gone AS (DELETE FROM palisade_locks WHERE name = $1 AND holder = $2 AND token = $3 RETURNING name, waited),
+woken AS (SELECT pg_notify('palisade_locks', name) FROM gone WHERE waited)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM woken)";
 
 /// The URL parameter that chooses how waiters wait (`notify`, the default, or
 /// `poll`); Palisade's own, taken out before the URL reaches the driver.
@@ -331,6 +353,19 @@ impl PgLocks {
                     LockError::WaitTimeout
                 });
             }
+            if released.is_some() {
+                let marked = self
+                    .inner
+                    .client
+                    .execute(WAITING, &[&name])
+                    .await
+                    .map_err(pg_error)?;
+                if marked == 0 {
+                    // Released between the attempt and the mark: no
+                    // notification will come for it, so try again now.
+                    continue;
+                }
+            }
             let jitter =
                 Duration::from_millis(rand::random_range(0..=backoff.as_millis() as u64 / 2));
             let poll = tokio::time::sleep((backoff + jitter).min(give_up - now));
@@ -464,12 +499,12 @@ async fn release(
     token: FencingToken,
 ) -> Result<(), LockError> {
     let token = token.get() as i64;
-    let deleted = inner
+    let deleted: i64 = inner
         .client
-        .query(RELEASE, &[&name, &holder, &token])
+        .query_one(RELEASE, &[&name, &holder, &token])
         .await
         .map_err(pg_error)?
-        .len();
+        .get(0);
     if deleted == 1 {
         Ok(())
     } else {

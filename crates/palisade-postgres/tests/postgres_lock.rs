@@ -267,3 +267,104 @@ async fn a_grant_that_arrives_after_its_guarantee_is_given_back() {
     let other = PgLocks::connect(&pg.url(), TTL).await.unwrap();
     other.acquire("late", &now_or_never()).await.unwrap();
 }
+
+/// A waiter marks the held row `waited`; the release of a waited row sends
+/// `NOTIFY palisade_locks` with the lock's name (seen here by a connection of
+/// our own that LISTENs), and the waiter is granted. A waiter with
+/// `palisade_wait=poll` marks nothing and still gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_notifies_the_waiters_of_its_lock() {
+    let pg = PostgresServer::start().unwrap();
+    let a = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let b = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let (listener, mut connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut notified) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute(&format!("LISTEN {}", palisade_postgres::CHANNEL))
+        .await
+        .unwrap();
+    let waited = || async {
+        listener
+            .query_opt("SELECT waited FROM palisade_locks WHERE name = 'n'", &[])
+            .await
+            .unwrap()
+            .is_some_and(|r| r.get::<_, bool>(0))
+    };
+
+    let held = a.acquire("n", &now_or_never()).await.unwrap();
+    assert!(!waited().await, "nobody waits yet");
+    let first = held.token();
+    let waiter = tokio::spawn(async move { b.acquire("n", &waiting(60)).await.map(|l| l.token()) });
+    let start = Instant::now();
+    while !waited().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the waiter never marked the row"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.release().await.unwrap();
+    let payload = tokio::time::timeout(Duration::from_secs(60), notified.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert_eq!(payload, "n");
+    assert!(waiter.await.unwrap().unwrap() > first);
+
+    // Polling only: nothing is marked, the lock still changes hands.
+    let poll = PgLocks::connect(&format!("{}?palisade_wait=poll", pg.url()), TTL)
+        .await
+        .unwrap();
+    let held = a.acquire("p", &now_or_never()).await.unwrap();
+    let waiter =
+        tokio::spawn(async move { poll.acquire("p", &waiting(60)).await.map(|l| l.token()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let marked: bool = listener
+        .query_one("SELECT waited FROM palisade_locks WHERE name = 'p'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!marked, "a polling waiter marks nothing");
+    let first = held.token();
+    held.release().await.unwrap();
+    assert!(waiter.await.unwrap().unwrap() > first);
+}
+
+/// A table made by an earlier version (no `waited` column) gains it on the
+/// first connect, and its locks go on working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_an_earlier_version_is_upgraded() {
+    let pg = PostgresServer::start().unwrap();
+    let (admin, _conn) = tokio_postgres_connect(&pg.url()).await;
+    admin
+        .batch_execute(
+            "CREATE SEQUENCE palisade_lock_token;
+             CREATE TABLE palisade_locks (name text PRIMARY KEY, holder text NOT NULL,
+                 token bigint NOT NULL CHECK (token > 0), expires_at timestamptz NOT NULL)",
+        )
+        .await
+        .unwrap();
+    let locks = PgLocks::connect(&pg.url(), TTL).await.unwrap();
+    let has_column: bool = admin
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'palisade_locks'::regclass AND attname = 'waited')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(has_column);
+    let lease = locks.acquire("old", &now_or_never()).await.unwrap();
+    lease.release().await.unwrap();
+    // A second connect finds it there and changes nothing.
+    PgLocks::connect(&pg.url(), TTL).await.unwrap();
+}
