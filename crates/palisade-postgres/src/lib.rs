@@ -99,9 +99,14 @@ UPDATE palisade_locks
 /// The channel a release notifies, with the lock's name as the payload.
 pub const CHANNEL: &str = "palisade_locks";
 
-/// Marks a held lock as waited for, so that its release notifies: one row
-/// if the lock is still held.
-const WAITING: &str = "UPDATE palisade_locks SET waited = true WHERE name = $1";
+/// Makes sure the release of a held lock will notify: true if the row was
+/// already marked `waited` when this statement began, or this statement marked
+/// it; false if it is gone (released meanwhile: try again). Only the first
+/// waiter of a hold writes.
+const WAITING: &str = "
+WITH seen AS (SELECT waited FROM palisade_locks WHERE name = $1),
+marked AS (UPDATE palisade_locks SET waited = true WHERE name = $1 AND NOT waited RETURNING 1)
+SELECT coalesce((SELECT bool_or(waited) FROM seen), false) OR EXISTS (SELECT 1 FROM marked)";
 
 /// Ends every hold of one session (`$1`: `SESSION-%`), waking the waiters of
 /// those that have some.
@@ -354,13 +359,14 @@ impl PgLocks {
                 });
             }
             if released.is_some() {
-                let marked = self
+                let marked: bool = self
                     .inner
                     .client
-                    .execute(WAITING, &[&name])
+                    .query_one(WAITING, &[&name])
                     .await
-                    .map_err(pg_error)?;
-                if marked == 0 {
+                    .map_err(pg_error)?
+                    .get(0);
+                if !marked {
                     // Released between the attempt and the mark: no
                     // notification will come for it, so try again now.
                     continue;
