@@ -45,8 +45,12 @@
 //! - **Closing** the session ([`FencedLocks::close`]) first ends every live
 //!   lease's guarantee, then deletes every row the session holds.
 //! - No lock-delay: a non-zero [`LockOptions::lock_delay`] is refused.
-//! - The connection is plaintext (`NoTls`); use a Unix socket or a trusted
-//!   network, or a later version with TLS.
+//! - **TLS** in libpq's words in the URL: `sslmode=verify-full&sslrootcert=CA`
+//!   (the server's certificate must chain to CA and name the host), and
+//!   `sslcert=FILE&sslkey=FILE` to authenticate by client certificate
+//!   (PostgreSQL's `cert` method in `pg_hba.conf`). Modes that would not check
+//!   the server's name (`require`, `verify-ca`, `prefer`, `allow`) are refused;
+//!   without TLS options the connection is plaintext (`sslmode=disable`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,32 +130,112 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM woken)";
 /// `poll`); Palisade's own, taken out before the URL reaches the driver.
 pub const WAIT_PARAMETER: &str = "palisade_wait";
 
-/// Splits Palisade's [`WAIT_PARAMETER`] off a PostgreSQL URL: the URL the
-/// driver gets, and whether waiters listen for releases.
-fn wait_mode(url: &str) -> Result<(String, bool), LockError> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), true));
-    };
-    let mut listen = true;
-    let mut rest = Vec::new();
-    for pair in query.split('&') {
-        match pair.split_once('=') {
-            Some((WAIT_PARAMETER, "notify")) => listen = true,
-            Some((WAIT_PARAMETER, "poll")) => listen = false,
-            Some((WAIT_PARAMETER, other)) => {
-                return Err(LockError::InvalidInput(format!(
-                    "postgres URL: {WAIT_PARAMETER}={other:?} (expected notify or poll)"
+/// What Palisade reads from a PostgreSQL URL itself, before the driver gets
+/// the rest: how waiters wait, and TLS in libpq's words (`sslmode=verify-full`
+/// with `sslrootcert`, and `sslcert`/`sslkey` to authenticate by
+/// certificate).
+#[derive(Debug, PartialEq, Eq)]
+struct UrlOptions {
+    /// The URL the driver gets.
+    url: String,
+    /// Whether waiters listen for releases.
+    listen: bool,
+    /// TLS: the CA file, and the client certificate and key files.
+    tls: Option<(String, Option<(String, String)>)>,
+}
+
+impl UrlOptions {
+    fn parse(url: &str) -> Result<UrlOptions, LockError> {
+        let bad = |why: String| LockError::InvalidInput(format!("postgres URL: {why}"));
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok(UrlOptions {
+                url: url.to_owned(),
+                listen: true,
+                tls: None,
+            });
+        };
+        let (mut listen, mut mode, mut root, mut cert, mut key) = (true, None, None, None, None);
+        let mut rest = Vec::new();
+        for pair in query.split('&') {
+            match pair.split_once('=') {
+                Some((WAIT_PARAMETER, "notify")) => listen = true,
+                Some((WAIT_PARAMETER, "poll")) => listen = false,
+                Some((WAIT_PARAMETER, other)) => {
+                    return Err(bad(format!(
+                        "{WAIT_PARAMETER}={other:?} (expected notify or poll)"
+                    )));
+                }
+                Some(("sslmode", m)) => mode = Some(m.to_owned()),
+                Some(("sslrootcert", v)) => root = Some(v.to_owned()),
+                Some(("sslcert", v)) => cert = Some(v.to_owned()),
+                Some(("sslkey", v)) => key = Some(v.to_owned()),
+                _ => rest.push(pair.to_owned()),
+            }
+        }
+        let tls = match (mode.as_deref(), root) {
+            (Some("verify-full"), Some(root)) => {
+                let identity = match (cert, key) {
+                    (Some(c), Some(k)) => Some((c, k)),
+                    (None, None) => None,
+                    _ => return Err(bad("sslcert and sslkey go together".into())),
+                };
+                Some((root, identity))
+            }
+            (Some("verify-full"), None) => {
+                return Err(bad(
+                    "sslmode=verify-full needs sslrootcert (the server's CA)".into(),
+                ));
+            }
+            (Some(m @ ("require" | "verify-ca" | "prefer" | "allow")), _) => {
+                return Err(bad(format!(
+                    "sslmode={m} would not check the server's name; use sslmode=verify-full with \
+                     sslrootcert, or sslmode=disable"
                 )));
             }
-            _ => rest.push(pair),
-        }
+            (Some("disable") | None, None) if cert.is_none() && key.is_none() => {
+                if mode.is_some() {
+                    rest.push("sslmode=disable".into());
+                }
+                None
+            }
+            (None, None) => {
+                return Err(bad("sslcert and sslkey need sslmode=verify-full".into()));
+            }
+            (Some(m), _) => return Err(bad(format!("sslmode={m:?} with these options"))),
+            (None, Some(_)) => {
+                return Err(bad("sslrootcert needs sslmode=verify-full".into()));
+            }
+        };
+        let url = if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        Ok(UrlOptions { url, listen, tls })
     }
-    let url = if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    Ok((url, listen))
+
+    /// The rustls connector for [`UrlOptions::tls`].
+    fn connector(&self) -> Result<Option<tokio_postgres_rustls::MakeRustlsConnect>, LockError> {
+        let Some((root, identity)) = &self.tls else {
+            return Ok(None);
+        };
+        let read = |path: &str| {
+            std::fs::read(path)
+                .map_err(|e| LockError::InvalidInput(format!("postgres TLS: {path}: {e}")))
+        };
+        let ca = read(root)?;
+        let identity = match identity {
+            Some((cert, key)) => Some((read(cert)?, read(key)?)),
+            None => None,
+        };
+        let config = palisade_proto::h2_channel::client_config(
+            &ca,
+            identity.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice())),
+            &[],
+        )
+        .map_err(|e| LockError::InvalidInput(format!("postgres TLS: {e}")))?;
+        Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
+    }
 }
 
 fn unavailable(detail: impl std::fmt::Display) -> LockError {
@@ -169,7 +253,11 @@ fn pg_error(e: tokio_postgres::Error) -> LockError {
             if *c == SqlState::INVALID_PASSWORD
                 || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
         {
-            LockError::Unauthenticated(format!("postgres: {e}"))
+            LockError::Unauthenticated(format!(
+                "postgres: {}",
+                e.as_db_error()
+                    .map_or_else(|| e.to_string(), |db| db.message().to_owned())
+            ))
         }
         Some(c) if *c == SqlState::INSUFFICIENT_PRIVILEGE => LockError::PermissionDenied(format!(
             "postgres: {e} (the role needs CREATE on the schema the first time, then \
@@ -234,36 +322,35 @@ impl PgLocks {
     pub async fn connect(url: &str, ttl: Duration) -> Result<PgLocks, LockError> {
         palisade_core::limits::validate_ttl(ttl)
             .map_err(|e| LockError::InvalidInput(e.to_string()))?;
-        let (url, listen) = wait_mode(url)?;
-        let config: tokio_postgres::Config = url
+        let options = UrlOptions::parse(url)?;
+        let mut config: tokio_postgres::Config = options
+            .url
             .parse()
             .map_err(|e| LockError::InvalidInput(format!("postgres URL: {e}")))?;
-        let (client, mut connection) =
-            tokio::time::timeout(Duration::from_secs(10), config.connect(NoTls))
-                .await
-                .map_err(|_| unavailable("connecting timed out after 10 s"))?
-                .map_err(pg_error)?;
-        let released = listen.then(|| broadcast::channel(1024).0);
-        let notify = released.clone();
-        tokio::spawn(async move {
-            // Driving the connection by hand, rather than awaiting it, is
-            // what hands its notifications over.
-            while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) => {
-                        if let Some(tx) = &notify {
-                            // No waiter listening is no error.
-                            let _ = tx.send(n.payload().to_owned());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(error = %e, "postgres connection ended");
-                        break;
-                    }
-                }
+        let released = options.listen.then(|| broadcast::channel(1024).0);
+        let timed_out = || unavailable("connecting timed out after 10 s");
+        let client = match options.connector()? {
+            None => {
+                let (client, connection) =
+                    tokio::time::timeout(Duration::from_secs(10), config.connect(NoTls))
+                        .await
+                        .map_err(|_| timed_out())?
+                        .map_err(pg_error)?;
+                tokio::spawn(drive(connection, released.clone()));
+                client
             }
-        });
+            Some(tls) => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let (client, connection) =
+                    tokio::time::timeout(Duration::from_secs(10), config.connect(tls))
+                        .await
+                        .map_err(|_| timed_out())?
+                        .map_err(pg_error)?;
+                tokio::spawn(drive(connection, released.clone()));
+                client
+            }
+        };
+        let listen = options.listen;
         // Two first-time clients may race to create the schema; the loser of
         // that race sees a unique violation in the catalog and simply retries.
         let mut attempts = 0;
@@ -385,6 +472,33 @@ impl PgLocks {
                 None => poll.await,
             }
             backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+}
+
+/// Runs a connection, handing its notifications (released locks' names) to
+/// `released`. Driving it by hand, rather than awaiting it, is what hands them
+/// over.
+async fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    released: Option<broadcast::Sender<String>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+        match message {
+            Ok(AsyncMessage::Notification(n)) => {
+                if let Some(tx) = &released {
+                    // No waiter listening is no error.
+                    let _ = tx.send(n.payload().to_owned());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "postgres connection ended");
+                break;
+            }
         }
     }
 }
@@ -635,23 +749,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_wait_parameter_is_taken_out_of_the_url() {
-        let ok = |url: &str| wait_mode(url).unwrap();
-        assert_eq!(ok("postgres://u@h/db"), ("postgres://u@h/db".into(), true));
+    fn palisade_reads_its_own_url_options_and_passes_the_rest() {
+        let ok = |url: &str| UrlOptions::parse(url).unwrap();
+        let plain = ok("postgres://u@h/db");
         assert_eq!(
-            ok("postgres://u@h/db?palisade_wait=poll"),
-            ("postgres://u@h/db".into(), false)
+            (plain.url.as_str(), plain.listen, plain.tls),
+            ("postgres://u@h/db", true, None)
         );
+        let poll = ok("postgres://u@h/db?palisade_wait=poll");
         assert_eq!(
-            ok("postgres://u@h/db?sslmode=disable&palisade_wait=notify&application_name=x"),
-            (
-                "postgres://u@h/db?sslmode=disable&application_name=x".into(),
-                true
-            )
+            (poll.url.as_str(), poll.listen),
+            ("postgres://u@h/db", false)
         );
-        assert!(matches!(
-            wait_mode("postgres://u@h/db?palisade_wait=sometimes"),
-            Err(LockError::InvalidInput(_))
-        ));
+        let mixed = ok("postgres://u@h/db?application_name=x&palisade_wait=notify&sslmode=disable");
+        assert_eq!(
+            mixed.url,
+            "postgres://u@h/db?application_name=x&sslmode=disable"
+        );
+        let tls = ok(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=ca.pem&sslcert=c.pem&sslkey=k.pem",
+        );
+        assert_eq!(tls.url, "postgres://u@h/db");
+        assert_eq!(
+            tls.tls,
+            Some(("ca.pem".into(), Some(("c.pem".into(), "k.pem".into()))))
+        );
+        for bad in [
+            "postgres://u@h/db?palisade_wait=sometimes",
+            "postgres://u@h/db?sslmode=require",
+            "postgres://u@h/db?sslmode=verify-ca&sslrootcert=ca.pem",
+            "postgres://u@h/db?sslmode=verify-full",
+            "postgres://u@h/db?sslrootcert=ca.pem",
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=ca.pem&sslcert=c.pem",
+            "postgres://u@h/db?sslcert=c.pem&sslkey=k.pem",
+        ] {
+            assert!(
+                matches!(UrlOptions::parse(bad), Err(LockError::InvalidInput(_))),
+                "{bad}"
+            );
+        }
     }
 }

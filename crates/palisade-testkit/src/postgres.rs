@@ -39,6 +39,48 @@ impl PostgresServer {
     /// When the binaries are missing, no user to run as is found, `initdb` fails,
     /// or the server does not come up in 30 s (the error quotes its log).
     pub fn start() -> std::io::Result<Self> {
+        Self::start_with(|_| Ok(()))
+    }
+
+    /// Starts a server that speaks only TLS on TCP, with `cert`/`key` as its
+    /// certificate, and admits only clients with a certificate of `ca` whose
+    /// common name is the role they log in as (`hostssl … cert`; the
+    /// superuser is `postgres`).
+    ///
+    /// # Errors
+    /// As [`PostgresServer::start`], or when the files cannot be copied.
+    pub fn start_tls(cert: &Path, key: &Path, ca: &Path) -> std::io::Result<Self> {
+        Self::start_with(|server| {
+            let data = server.data_dir();
+            for (from, to) in [(cert, "server.crt"), (key, "server.key"), (ca, "root.crt")] {
+                std::fs::copy(from, data.join(to))?;
+                if let Some((uid, gid)) = server.run_as {
+                    std::os::unix::fs::chown(data.join(to), Some(uid), Some(gid))?;
+                }
+            }
+            // PostgreSQL refuses a key others can read.
+            std::fs::set_permissions(
+                data.join("server.key"),
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            )?;
+            let conf = data.join("postgresql.conf");
+            let mut text = std::fs::read_to_string(&conf)?;
+            text.push_str(
+                "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'root.crt'\n",
+            );
+            std::fs::write(&conf, text)?;
+            // The Unix socket stays trusted (for the tests' own checks); TCP
+            // is TLS with a client certificate, or nothing.
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 cert\n",
+            )
+        })
+    }
+
+    fn start_with(
+        configure: impl Fn(&PostgresServer) -> std::io::Result<()>,
+    ) -> std::io::Result<Self> {
         let bindir = find_bindir()?;
         let run_as = if running_as_root() {
             Some(unprivileged_user()?)
@@ -57,6 +99,7 @@ impl PostgresServer {
             running: false,
         };
         server.init()?;
+        configure(&server)?;
         let mut last_err = None;
         for _ in 0..5 {
             server.port = free_port()?;
