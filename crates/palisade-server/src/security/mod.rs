@@ -457,9 +457,10 @@ impl Gatekeeper {
     /// reservation under, after its session was applied, so an open is always
     /// counted once at least: in flight, applied, or (briefly) both.
     ///
-    /// The bound is the leader's, not the state machine's: sessions opened
-    /// through an old leader during a change of leader can pass it by the
-    /// opens in flight there, never by more.
+    /// The bound is the leader's, not the state machine's: around a change
+    /// of leader (opens in flight at the old one, entries the new one has not
+    /// applied yet) an identity can pass it by those opens. The cluster-wide
+    /// bound is the state machine's and exact.
     ///
     /// # Errors
     /// `limit_reached`, counted and logged.
