@@ -1015,6 +1015,23 @@ async fn a_waiting_acquire_outlasts_the_idle_timeout() {
 /// `curl` over TLS against a node of `cluster`, trusting only the cluster's CA,
 /// with `auth` (curl arguments: a bearer header or a client certificate).
 /// Returns the HTTP status and the JSON body.
+/// `curl` over HTTPS trusting the cluster's CA, with `auth` and then `args`:
+/// the status and the body as text.
+fn curl_https(cluster: &SecureCluster, auth: &[String], args: &[String]) -> (u16, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-w", "\n%{http_code}", "--cacert"])
+        .arg(cluster.certs().join("ca.pem"))
+        .args(auth)
+        .args(args);
+    let out = cmd.output().expect("curl (scripts/test installs it)");
+    if !out.status.success() {
+        eprintln!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
 /// `curl` of `path` on `node`'s operators' listener (`--metrics-listen`)
 /// over HTTPS with `auth`: the status and the body as text.
 fn curl_text(
@@ -1023,16 +1040,11 @@ fn curl_text(
     node: &PalisadeNode,
     path: &str,
 ) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "-w", "\n%{http_code}", "--cacert"])
-        .arg(cluster.certs().join("ca.pem"))
-        .args(auth)
-        .arg(format!("https://{}{path}", node.http_addr()))
-        .output()
-        .expect("curl (scripts/test installs it)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
+    curl_https(
+        cluster,
+        auth,
+        &[format!("https://{}{path}", node.http_addr())],
+    )
 }
 
 fn curl_tls(
@@ -1043,25 +1055,19 @@ fn curl_tls(
     body: Option<&serde_json::Value>,
 ) -> (u16, serde_json::Value) {
     let (method, path) = method_and_path;
-    let mut cmd = Command::new("curl");
-    cmd.args(["-sS", "-w", "\n%{http_code}", "--cacert"])
-        .arg(cluster.certs().join("ca.pem"))
-        .args(auth)
-        .args(["-X", method])
-        .arg(format!("https://{node}{path}"));
+    let mut args = vec!["-X".into(), method.into(), format!("https://{node}{path}")];
     if let Some(body) = body {
-        cmd.args(["-H", "content-type: application/json", "-d"])
-            .arg(body.to_string());
+        args.extend([
+            "-H".into(),
+            "content-type: application/json".into(),
+            "-d".into(),
+            body.to_string(),
+        ]);
     }
-    let out = cmd.output().expect("curl (scripts/test installs it)");
-    if !out.status.success() {
-        eprintln!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let (code, text) = curl_https(cluster, auth, &args);
     (
-        code.trim().parse().unwrap_or(0),
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        code,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
     )
 }
 

@@ -328,26 +328,11 @@ impl PgLocks {
             .parse()
             .map_err(|e| LockError::InvalidInput(format!("postgres URL: {e}")))?;
         let released = options.listen.then(|| broadcast::channel(1024).0);
-        let timed_out = || unavailable("connecting timed out after 10 s");
         let client = match options.connector()? {
-            None => {
-                let (client, connection) =
-                    tokio::time::timeout(Duration::from_secs(10), config.connect(NoTls))
-                        .await
-                        .map_err(|_| timed_out())?
-                        .map_err(pg_error)?;
-                tokio::spawn(drive(connection, released.clone()));
-                client
-            }
+            None => open(&config, NoTls, released.clone()).await?,
             Some(tls) => {
                 config.ssl_mode(tokio_postgres::config::SslMode::Require);
-                let (client, connection) =
-                    tokio::time::timeout(Duration::from_secs(10), config.connect(tls))
-                        .await
-                        .map_err(|_| timed_out())?
-                        .map_err(pg_error)?;
-                tokio::spawn(drive(connection, released.clone()));
-                client
+                open(&config, tls, released.clone()).await?
             }
         };
         let listen = options.listen;
@@ -474,6 +459,27 @@ impl PgLocks {
             backoff = (backoff * 2).min(Duration::from_millis(250));
         }
     }
+}
+
+/// Connects with `tls` (10 s at most) and drives the connection in a task of
+/// its own ([`drive`]).
+async fn open<T>(
+    config: &tokio_postgres::Config,
+    tls: T,
+    released: Option<broadcast::Sender<String>>,
+) -> Result<Client, LockError>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+{
+    let (client, connection) = tokio::time::timeout(Duration::from_secs(10), config.connect(tls))
+        .await
+        .map_err(|_| unavailable("connecting timed out after 10 s"))?
+        .map_err(pg_error)?;
+    tokio::spawn(drive(connection, released));
+    Ok(client)
 }
 
 /// Runs a connection, handing its notifications (released locks' names) to
