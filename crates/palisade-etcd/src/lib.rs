@@ -36,7 +36,11 @@
 //!   only if it is still that key (same create revision, or same random
 //!   value). Lease TTLs are whole seconds in etcd: a TTL is
 //!   rounded up, and the TTL etcd grants (it may raise it) is the one used.
-//! - No lock-delay; plaintext gRPC (`http://`).
+//! - No lock-delay. Plaintext gRPC (`http://`) by default; with [`EtcdTls`],
+//!   TLS that trusts only the given CA and checks each member's name, and a
+//!   client certificate when given: with `--client-cert-auth` and auth
+//!   enabled, etcd takes the certificate's common name as the user, so its
+//!   roles decide which lock names (keys under [`PREFIX`]) the caller may take.
 
 mod pb {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -58,7 +62,7 @@ use pb::watch_client::WatchClient;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// The backend's name in errors and URLs.
 pub const BACKEND: &str = "etcd";
@@ -84,6 +88,35 @@ fn status_error(s: &tonic::Status) -> LockError {
         tonic::Code::InvalidArgument => LockError::InvalidInput(format!("etcd: {}", s.message())),
         _ => unavailable(format!("{}: {}", s.code(), s.message())),
     }
+}
+
+/// A TLS handshake that failed on a certificate, as a typed refusal: a
+/// member whose certificate is not of the CA, or a member that refused this
+/// client's (none, or not of its CA). Such a failure repeats on every try, so
+/// it is not reported as "unavailable" (which callers retry). hyper and h2
+/// pass rustls' error on as text, so the text is what can be read; a refusal
+/// may also surface as a broken pipe, which is retried until the alert is
+/// seen.
+fn tls_refusal(s: &tonic::Status) -> Option<LockError> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if text.contains("invalid peer certificate") {
+            return Some(LockError::Unauthenticated(format!(
+                "etcd: the member's certificate is not trusted ({text})"
+            )));
+        }
+        if let Some(alert) = text.split("received fatal alert: ").nth(1)
+            && (alert.contains("Certificate") || alert.contains("UnknownCA"))
+        {
+            return Some(LockError::Unauthenticated(format!(
+                "etcd: the member refused this client's certificate (TLS alert {alert}); \
+                 give --cert/--key of a certificate its --trusted-ca-file issued"
+            )));
+        }
+        cause = e.source();
+    }
+    None
 }
 
 /// The smallest key greater than every key that starts with `prefix`.
@@ -132,6 +165,9 @@ impl Members {
                 // under it: a transport failure like the others. Every call here
                 // may be repeated (`create_key` recognises its own create; a
                 // repeated lease grant leaves an unused lease that expires).
+                Ok(Err(s)) if tls_refusal(&s).is_some() => {
+                    return Err(tls_refusal(&s).expect("just matched"));
+                }
                 Ok(Err(s))
                     if matches!(
                         s.code(),
@@ -265,19 +301,85 @@ impl Drop for Session {
     }
 }
 
+/// A lazily connecting channel to the member at `endpoint` (`HOST:PORT`).
+fn member_channel(endpoint: &str, tls: Option<&EtcdTls>) -> Result<Channel, LockError> {
+    let bad = |what: String| LockError::InvalidInput(format!("etcd endpoint {endpoint:?}: {what}"));
+    let Some((host, _port)) = endpoint
+        .rsplit_once(':')
+        .filter(|_| !endpoint.contains("://"))
+    else {
+        return Err(bad("expected HOST:PORT".into()));
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut channel = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
+        .map_err(|err| bad(err.to_string()))?
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let mut config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+            .domain_name(tls.server_name.clone().unwrap_or_else(|| host.to_owned()));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        channel = channel
+            .tls_config(config)
+            .map_err(|err| LockError::InvalidInput(format!("etcd TLS: {err}")))?;
+    }
+    Ok(channel.connect_lazy())
+}
+
 /// Correctness locks on an etcd cluster: one lease (session) per value.
 pub struct EtcdLocks {
     session: Arc<Session>,
 }
 
+/// TLS to the etcd members.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// PEM of the CA that signed the members' certificates: the only one trusted.
+    pub ca_pem: Vec<u8>,
+    /// This client's certificate chain and key (PEM), for `--client-cert-auth`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to expect in the members' certificates; `None`: the host of
+    /// each endpoint.
+    pub server_name: Option<String>,
+}
+
+/// The key never reaches debug output.
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("identity", &self.identity.is_some())
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
 impl EtcdLocks {
-    /// Connects to `endpoints` (`HOST:PORT`, any members) and opens a session
-    /// of `ttl` (rounded up to whole seconds; at least 1 s).
+    /// Connects to `endpoints` (`HOST:PORT`, any members) in plaintext and
+    /// opens a session of `ttl` (rounded up to whole seconds; at least 1 s).
     ///
     /// # Errors
     /// [`LockError::InvalidInput`] for no or malformed endpoints or a bad TTL;
     /// [`LockError::Unavailable`] when no member answers.
     pub async fn connect(endpoints: &[String], ttl: Duration) -> Result<EtcdLocks, LockError> {
+        Self::connect_with(endpoints, ttl, None).await
+    }
+
+    /// As [`EtcdLocks::connect`], over TLS when `tls` is given.
+    ///
+    /// # Errors
+    /// As [`EtcdLocks::connect`]; [`LockError::InvalidInput`] for a CA,
+    /// certificate or key that does not parse; [`LockError::Unauthenticated`]
+    /// when a member's certificate is not of the CA or the member refuses this
+    /// client's.
+    pub async fn connect_with(
+        endpoints: &[String],
+        ttl: Duration,
+        tls: Option<&EtcdTls>,
+    ) -> Result<EtcdLocks, LockError> {
         palisade_core::limits::validate_ttl(ttl)
             .map_err(|e| LockError::InvalidInput(e.to_string()))?;
         if endpoints.is_empty() {
@@ -287,16 +389,7 @@ impl EtcdLocks {
         }
         let mut channels = Vec::new();
         for e in endpoints {
-            if e.contains("://") || !e.contains(':') {
-                return Err(LockError::InvalidInput(format!(
-                    "etcd endpoint {e:?}: expected HOST:PORT"
-                )));
-            }
-            let endpoint = Endpoint::from_shared(format!("http://{e}"))
-                .map_err(|err| LockError::InvalidInput(format!("etcd endpoint {e:?}: {err}")))?
-                .connect_timeout(Duration::from_secs(1))
-                .tcp_nodelay(true);
-            channels.push(endpoint.connect_lazy());
+            channels.push(member_channel(e, tls)?);
         }
         let members = Members {
             channels,

@@ -122,10 +122,10 @@ pub async fn connect(
             Ok(Box::new(Client::connect(config).await?))
         }
         "etcd" => {
-            if session.tls.is_some() || session.bearer_token.is_some() {
+            if session.bearer_token.is_some() {
                 return Err(LockError::InvalidInput(
-                    "the etcd backend speaks plaintext gRPC for now; \
-                     --ca/--cert/--token-file are for palisade://"
+                    "etcd authenticates clients by certificate: give --cert/--key \
+                     (with --ca); --token-file is for palisade://"
                         .into(),
                 ));
             }
@@ -136,8 +136,14 @@ pub async fn connect(
                 .filter(|e| !e.is_empty())
                 .map(str::to_owned)
                 .collect();
+            let tls = session.tls.as_ref().map(|t| palisade_etcd::EtcdTls {
+                ca_pem: t.ca_pem.clone(),
+                identity: t.identity.clone(),
+                server_name: t.server_name.clone(),
+            });
             Ok(Box::new(
-                palisade_etcd::EtcdLocks::connect(&endpoints, session.ttl).await?,
+                palisade_etcd::EtcdLocks::connect_with(&endpoints, session.ttl, tls.as_ref())
+                    .await?,
             ))
         }
         "zk" => {

@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -34,6 +34,15 @@ pub struct EtcdCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     members: Vec<EtcdMember>,
+    tls: Option<TlsFiles>,
+}
+
+/// The PEM files of a member speaking TLS to its clients.
+#[derive(Clone)]
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
 }
 
 fn binary() -> PathBuf {
@@ -46,6 +55,27 @@ impl EtcdCluster {
     /// # Errors
     /// When `etcd` is missing or a member does not come up in 30 s.
     pub fn start(n: usize) -> std::io::Result<Self> {
+        Self::start_with(n, None)
+    }
+
+    /// Starts `n` members that speak only TLS to clients, with `cert`/`key`
+    /// (every member the same; peers talk plaintext on loopback) and admit
+    /// only clients with a certificate of `ca` (`--client-cert-auth`).
+    ///
+    /// # Errors
+    /// As [`EtcdCluster::start`].
+    pub fn start_tls(n: usize, cert: &Path, key: &Path, ca: &Path) -> std::io::Result<Self> {
+        Self::start_with(
+            n,
+            Some(TlsFiles {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                ca: ca.to_owned(),
+            }),
+        )
+    }
+
+    fn start_with(n: usize, tls: Option<TlsFiles>) -> std::io::Result<Self> {
         let dir = tempfile::Builder::new().prefix("palisade-etcd").tempdir()?;
         let ports = free_ports(2 * n)?;
         let members = (0..n)
@@ -60,6 +90,7 @@ impl EtcdCluster {
             dir,
             bin: binary(),
             members,
+            tls,
         };
         for i in 0..n {
             cluster.start_member(i)?;
@@ -90,13 +121,25 @@ impl EtcdCluster {
         let initial = self.initial_cluster();
         let m = &self.members[i];
         let data = self.dir.path().join(&m.name);
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log_path(i))?;
-        let mut child = Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let mut child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&data)
@@ -136,6 +179,80 @@ impl EtcdCluster {
         }
         self.members[i].child = Some(child);
         Ok(())
+    }
+
+    /// Turns on etcd's authentication: a `root` user, and for each
+    /// `(user, prefix)` a user allowed to read and write the keys under
+    /// `prefix` and nothing else. With `--client-cert-auth` (see
+    /// [`EtcdCluster::start_tls`]) a client certificate's common name is the
+    /// user; a name that is no user may do nothing. Asked through etcd's JSON
+    /// gateway with `curl`, presenting `cert`/`key` (of the CA).
+    ///
+    /// # Errors
+    /// When the cluster does not speak TLS, curl is missing or etcd refuses a
+    /// step.
+    pub fn enable_auth(
+        &self,
+        cert: &Path,
+        key: &Path,
+        users: &[(&str, &str)],
+    ) -> std::io::Result<()> {
+        let tls = self
+            .tls
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("enable_auth needs a TLS cluster"))?;
+        let call = |path: &str, body: String| -> std::io::Result<()> {
+            let out = Command::new("curl")
+                .args(["-sS", "--fail-with-body", "--max-time", "10"])
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(cert)
+                .arg("--key")
+                .arg(key)
+                .args(["-H", "Content-Type: application/json", "-d", &body])
+                .arg(format!("https://{}/v3/auth/{path}", self.members[0].addr()))
+                .output()?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(format!(
+                    "etcd /v3/auth/{path} {body}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                )))
+            }
+        };
+        let add_user = |name: &str| {
+            call(
+                "user/add",
+                format!(r#"{{"name":"{name}","options":{{"no_password":true}}}}"#),
+            )
+        };
+        use base64::Engine as _;
+        // etcd's gateway spells bytes in standard base64.
+        let b64 = base64::engine::general_purpose::STANDARD;
+        add_user("root")?;
+        call("user/grant", r#"{"user":"root","role":"root"}"#.into())?;
+        for (user, prefix) in users {
+            let role = format!("{user}-role");
+            call("role/add", format!(r#"{{"name":"{role}"}}"#))?;
+            let end = prefix_end(prefix.as_bytes());
+            call(
+                "role/grant",
+                format!(
+                    r#"{{"name":"{role}","perm":{{"permType":"READWRITE","key":"{}","range_end":"{}"}}}}"#,
+                    b64.encode(prefix.as_bytes()),
+                    b64.encode(&end)
+                ),
+            )?;
+            add_user(user)?;
+            call(
+                "user/grant",
+                format!(r#"{{"user":"{user}","role":"{role}"}}"#),
+            )?;
+        }
+        call("enable", "{}".into())
     }
 
     /// `kill -9` of member `i`.
@@ -193,6 +310,18 @@ fn json_string_field(text: &str, field: &str) -> Option<String> {
     let start = text.find(&format!("\"{field}\":\""))? + field.len() + 4;
     let end = text[start..].find('"')? + start;
     Some(text[start..end].to_owned())
+}
+
+/// The smallest key above every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
 }
 
 impl Drop for EtcdCluster {
