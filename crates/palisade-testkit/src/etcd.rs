@@ -76,26 +76,33 @@ impl EtcdCluster {
     }
 
     fn start_with(n: usize, tls: Option<TlsFiles>) -> std::io::Result<Self> {
-        let dir = tempfile::Builder::new().prefix("palisade-etcd").tempdir()?;
-        let ports = free_ports(2 * n)?;
-        let members = (0..n)
-            .map(|i| EtcdMember {
-                name: format!("m{}", i + 1),
-                client_port: ports[2 * i],
-                peer_port: ports[2 * i + 1],
-                child: None,
-            })
-            .collect();
-        let mut cluster = EtcdCluster {
-            dir,
-            bin: binary(),
-            members,
-            tls,
-        };
-        for i in 0..n {
-            cluster.start_member(i)?;
+        // A port found free may be taken by another test before etcd binds
+        // it: a cluster that does not come up is started again on new ports.
+        let mut last_err = None;
+        for _ in 0..3 {
+            let dir = tempfile::Builder::new().prefix("palisade-etcd").tempdir()?;
+            let ports = free_ports(2 * n)?;
+            let members = (0..n)
+                .map(|i| EtcdMember {
+                    name: format!("m{}", i + 1),
+                    client_port: ports[2 * i],
+                    peer_port: ports[2 * i + 1],
+                    child: None,
+                })
+                .collect();
+            let mut cluster = EtcdCluster {
+                dir,
+                bin: binary(),
+                members,
+                tls: tls.clone(),
+            };
+            match (0..n).try_for_each(|i| cluster.start_member(i)) {
+                Ok(()) => return Ok(cluster),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(e),
+                Err(e) => last_err = Some(e),
+            }
         }
-        Ok(cluster)
+        Err(last_err.expect("at least one attempt"))
     }
 
     fn initial_cluster(&self) -> String {
