@@ -113,7 +113,10 @@ impl StoreAddr {
         if roots.is_empty() {
             return Err(ca_err("no certificate in the file".into()));
         }
-        let builder = ClientConfig::builder().with_root_certificates(roots);
+        let builder = ClientConfig::builder_with_provider(crate::http::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ca_err(e.to_string()))?
+            .with_root_certificates(roots);
         let config = match identity {
             None => builder.with_no_client_auth(),
             Some((cert, key)) => {

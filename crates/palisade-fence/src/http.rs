@@ -131,6 +131,16 @@ pub async fn serve_store(
     serve_with(listener, store, ServeOptions::default(), shutdown).await
 }
 
+/// The process's rustls crypto provider, or ring's when none is installed.
+/// Never rustls' implicit choice: that panics when a build links both ring and
+/// aws-lc-rs (the ZooKeeper client brings the second).
+pub(crate) fn crypto_provider() -> Arc<tokio_rustls::rustls::crypto::CryptoProvider> {
+    use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
+    CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(ring::default_provider()))
+}
+
 /// The TLS settings of a store that serves HTTPS: its certificate chain and key,
 /// PEM files (`palisade certs init` makes node certificates that fit).
 ///
@@ -162,7 +172,10 @@ pub fn tls_acceptor_verifying(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| tls(cert, &e))?;
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| tls(key, &e))?;
-    let builder = rustls::ServerConfig::builder();
+    let provider = crypto_provider();
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(cert, &e))?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
@@ -172,10 +185,13 @@ pub fn tls_acceptor_verifying(
                     .add(c.map_err(|e| tls(ca, &e))?)
                     .map_err(|e| tls(ca, &e))?;
             }
-            let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| tls(ca, &e))?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| tls(ca, &e))?;
             builder.with_client_cert_verifier(verifier)
         }
     };

@@ -147,16 +147,34 @@ pub async fn connect(
             ))
         }
         "zk" => {
-            if session.tls.is_some() || session.bearer_token.is_some() {
+            if session.bearer_token.is_some() {
                 return Err(LockError::InvalidInput(
-                    "the zookeeper backend speaks plaintext for now; \
-                     --ca/--cert/--token-file are for palisade://"
+                    "ZooKeeper authenticates clients by certificate: give --cert/--key \
+                     (with --ca); --token-file is for palisade://"
                         .into(),
                 ));
             }
+            let tls = match &session.tls {
+                Some(t) if t.server_name.is_some() => {
+                    return Err(LockError::InvalidInput(
+                        "the ZooKeeper backend checks each server's certificate against \
+                         the host of the connect string; another name cannot be given"
+                            .into(),
+                    ));
+                }
+                Some(t) => Some(palisade_zookeeper::ZkTls {
+                    ca_pem: t.ca_pem.clone(),
+                    identity: t.identity.clone(),
+                }),
+                None => None,
+            };
             Ok(Box::new(
-                palisade_zookeeper::ZkLocks::connect(url.rest.trim_end_matches('/'), session.ttl)
-                    .await?,
+                palisade_zookeeper::ZkLocks::connect_with(
+                    url.rest.trim_end_matches('/'),
+                    session.ttl,
+                    tls.as_ref(),
+                )
+                .await?,
             ))
         }
         "postgres" | "postgresql" => {

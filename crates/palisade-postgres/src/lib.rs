@@ -266,8 +266,8 @@ fn pg_error(e: tokio_postgres::Error) -> LockError {
         Some(c) if *c == SqlState::INVALID_CATALOG_NAME => {
             LockError::InvalidInput(format!("postgres: {e}"))
         }
-        _ => unavailable(match e.as_db_error() {
-            Some(db) => db.message().to_owned(),
+        _ => match e.as_db_error() {
+            Some(db) => unavailable(db.message()),
             None => {
                 let mut text = e.to_string();
                 let mut source = std::error::Error::source(&e);
@@ -276,9 +276,18 @@ fn pg_error(e: tokio_postgres::Error) -> LockError {
                     text.push_str(&s.to_string());
                     source = s.source();
                 }
-                text
+                // A server certificate we do not trust fails the same way on
+                // every try: not "unavailable", which callers retry. rustls'
+                // error reaches here only as text.
+                if text.contains("invalid peer certificate") {
+                    LockError::Unauthenticated(format!(
+                        "postgres: the server's certificate is not trusted ({text})"
+                    ))
+                } else {
+                    unavailable(text)
+                }
             }
-        }),
+        },
     }
 }
 

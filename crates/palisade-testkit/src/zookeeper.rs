@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -22,7 +22,18 @@ struct Server {
 pub struct ZooKeeperEnsemble {
     dir: tempfile::TempDir,
     servers: Vec<Server>,
+    /// Clients speak TLS: the server's key and certificate in one PEM file
+    /// (how ZooKeeper's PEM key store reads them), and the CA's.
+    tls: Option<(PathBuf, PathBuf)>,
 }
+
+/// What the servers need on their class path besides the jar's own list:
+/// Netty's codec and resolver, for the Netty connection factory TLS needs.
+const NETTY_JARS: &[&str] = &[
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
+    "/usr/share/java/netty-transport-native-unix-common.jar",
+];
 
 fn jar() -> PathBuf {
     std::env::var_os("PALISADE_ZOOKEEPER_JAR").map_or_else(
@@ -37,6 +48,22 @@ impl ZooKeeperEnsemble {
     /// # Errors
     /// When Java or the jar is missing, or a server does not come up in 60 s.
     pub fn start(n: usize) -> std::io::Result<Self> {
+        Self::start_with(n, None)
+    }
+
+    /// Starts `n` servers whose client port speaks only TLS (Netty's
+    /// connection factory, `secureClientPort`), with `cert`/`key` (every
+    /// server the same; servers talk to each other in plaintext on loopback),
+    /// admitting only clients with a certificate of `ca` (`ssl.clientAuth=need`).
+    ///
+    /// # Errors
+    /// As [`ZooKeeperEnsemble::start`], or when the files cannot be read.
+    pub fn start_tls(n: usize, cert: &Path, key: &Path, ca: &Path) -> std::io::Result<Self> {
+        let pem = [std::fs::read(key)?, std::fs::read(cert)?].concat();
+        Self::start_with(n, Some((pem, ca.to_owned())))
+    }
+
+    fn start_with(n: usize, tls: Option<(Vec<u8>, PathBuf)>) -> std::io::Result<Self> {
         if !jar().exists() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -53,7 +80,15 @@ impl ZooKeeperEnsemble {
                 child: None,
             })
             .collect();
-        let mut ensemble = ZooKeeperEnsemble { dir, servers };
+        let tls = match tls {
+            Some((pem, ca)) => {
+                let path = dir.path().join("server-key-and-cert.pem");
+                std::fs::write(&path, pem)?;
+                Some((path, ca))
+            }
+            None => None,
+        };
+        let mut ensemble = ZooKeeperEnsemble { dir, servers, tls };
         for i in 0..n {
             ensemble.write_config(i)?;
         }
@@ -75,12 +110,24 @@ impl ZooKeeperEnsemble {
         // turns away a 64-client benchmark on a standalone server (every client
         // here is 127.0.0.1).
         let mut cfg = format!(
-            "tickTime=200\ninitLimit=50\nsyncLimit=25\ndataDir={}\nclientPort={}\n\
-             clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+            "tickTime=200\ninitLimit=50\nsyncLimit=25\ndataDir={}\n\
+             admin.enableServer=false\n\
              4lw.commands.whitelist=srvr\nmaxSessionTimeout=20000\nmaxClientCnxns=0\n",
             dir.join("data").display(),
-            self.servers[i].client_port
         );
+        let port = self.servers[i].client_port;
+        match &self.tls {
+            None => cfg.push_str(&format!("clientPort={port}\nclientPortAddress=127.0.0.1\n")),
+            Some((key_and_cert, ca)) => cfg.push_str(&format!(
+                "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+                 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+                 ssl.clientAuth=need\n",
+                key_and_cert.display(),
+                ca.display()
+            )),
+        }
         if self.servers.len() > 1 {
             for (j, s) in self.servers.iter().enumerate() {
                 cfg.push_str(&format!(
@@ -105,9 +152,16 @@ impl ZooKeeperEnsemble {
             .create(true)
             .append(true)
             .open(dir.join("server.log"))?;
+        let mut class_path = jar().into_os_string();
+        if self.tls.is_some() {
+            for extra in NETTY_JARS {
+                class_path.push(":");
+                class_path.push(extra);
+            }
+        }
         let mut child = Command::new("java")
             .args(["-Xmx256m", "-XX:+UseSerialGC", "-cp"])
-            .arg(jar())
+            .arg(class_path)
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(dir.join("zoo.cfg"))
             .stdin(Stdio::null())

@@ -32,7 +32,15 @@
 //!   created later.
 //! - A wait that ends unanswered (or `wait = 0` on a held lock) deletes the own
 //!   node. Lock names are escaped into one path segment (`jobs/nightly` is
-//!   `/palisade/locks/jobs%2Fnightly`). No lock-delay; plaintext.
+//!   `/palisade/locks/jobs%2Fnightly`). No lock-delay.
+//! - Plaintext by default; with [`ZkTls`], TLS to every server (ZooKeeper's
+//!   `secureClientPort`) that trusts only the given CA, checks each server's
+//!   name (the host of the connect string) and presents a client certificate
+//!   when given (for `ssl.clientAuth=need`). Lock nodes stay open to every
+//!   client that gets in: ZooKeeper checks a delete against the *parent's*
+//!   ACL, and every client must create and delete children of a lock's node,
+//!   so no ACL could keep one client from deleting another's node. Who may
+//!   take locks is decided by who may connect.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -230,15 +238,69 @@ pub struct ZkLocks {
     session: Arc<Session>,
 }
 
+/// TLS to the ZooKeeper servers.
+#[derive(Clone)]
+pub struct ZkTls {
+    /// PEM of the CA that signed the servers' certificates: the only one trusted.
+    pub ca_pem: Vec<u8>,
+    /// This client's certificate chain and key (PEM), for `ssl.clientAuth`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The key never reaches debug output.
+impl std::fmt::Debug for ZkTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkTls")
+            .field("identity", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkTls {
+    fn options(&self) -> Result<zk::TlsOptions, LockError> {
+        let text = |what: &str, pem: &[u8]| {
+            String::from_utf8(pem.to_vec()).map_err(|_| {
+                LockError::InvalidInput(format!("zookeeper TLS: the {what} is not PEM"))
+            })
+        };
+        let bad = |what: &str, e: zk::Error| {
+            LockError::InvalidInput(format!("zookeeper TLS: the {what}: {e}"))
+        };
+        let mut options = zk::TlsOptions::new()
+            .with_pem_ca(&text("CA", &self.ca_pem)?)
+            .map_err(|e| bad("CA", e))?;
+        if let Some((cert, key)) = &self.identity {
+            options = options
+                .with_pem_identity(&text("certificate", cert)?, &text("key", key)?)
+                .map_err(|e| bad("certificate or key", e))?;
+        }
+        Ok(options)
+    }
+}
+
 impl ZkLocks {
+    /// Connects to `cluster` in plaintext; see [`ZkLocks::connect_with`].
+    ///
+    /// # Errors
+    /// As [`ZkLocks::connect_with`].
+    pub async fn connect(cluster: &str, ttl: Duration) -> Result<ZkLocks, LockError> {
+        Self::connect_with(cluster, ttl, None).await
+    }
+
     /// Connects to `cluster` (`HOST:PORT,HOST:PORT[/chroot]`, ZooKeeper's connect
     /// string) with a session timeout of `ttl` (the ensemble may bound it: the
     /// negotiated one is used).
     ///
     /// # Errors
     /// [`LockError::InvalidInput`] for a bad connect string, TTL or a chroot that
-    /// does not exist; [`LockError::Unavailable`] when no server answers.
-    pub async fn connect(cluster: &str, ttl: Duration) -> Result<ZkLocks, LockError> {
+    /// does not exist, or a CA, certificate or key that does not parse;
+    /// [`LockError::Unavailable`] when no server answers (over TLS, also when
+    /// the handshake fails: the client library does not say why).
+    pub async fn connect_with(
+        cluster: &str,
+        ttl: Duration,
+        tls: Option<&ZkTls>,
+    ) -> Result<ZkLocks, LockError> {
         palisade_core::limits::validate_ttl(ttl)
             .map_err(|e| LockError::InvalidInput(e.to_string()))?;
         if cluster.is_empty() || cluster.contains("://") {
@@ -246,21 +308,46 @@ impl ZkLocks {
                 "zookeeper connect string {cluster:?}: expected HOST:PORT[,HOST:PORT…][/chroot]"
             )));
         }
+        let tls_options = tls.map(ZkTls::options).transpose()?;
+        let connector = zk::Client::connector().with_session_timeout(ttl);
         let sent = Instant::now();
-        let client = tokio::time::timeout(
-            Duration::from_secs(10),
-            zk::Client::connector()
-                .with_session_timeout(ttl)
-                .connect(cluster),
-        )
-        .await
-        .map_err(|_| unavailable(format!("no server of {cluster:?} answered in 10 s")))?
-        .map_err(|e| match e {
-            zk::Error::BadArguments(_) | zk::Error::NoHosts => {
-                LockError::InvalidInput(format!("zookeeper connect string {cluster:?}: {e}"))
+        let connecting = async {
+            match tls_options {
+                None => connector.connect(cluster).await,
+                Some(options) => {
+                    // zookeeper-client builds its rustls configuration with the
+                    // process's default provider, and a build that links both
+                    // ring and aws-lc-rs has none until one is installed.
+                    // Palisade uses ring.
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                    connector.with_tls(options).secure_connect(cluster).await
+                }
             }
-            e => zk_error(e),
-        })?;
+        };
+        // zookeeper-client retries a refused TLS handshake quietly until its
+        // own deadline, so over TLS "no answer" may also mean a certificate
+        // refused; it does not say which.
+        let unanswered = || {
+            let over_tls = if tls.is_some() {
+                " (over TLS this is also what a refused handshake looks like: a server \
+                 certificate not of --ca, or no client certificate where the server needs one)"
+            } else {
+                ""
+            };
+            unavailable(format!(
+                "no server of {cluster:?} answered in time{over_tls}"
+            ))
+        };
+        let client = tokio::time::timeout(Duration::from_secs(10), connecting)
+            .await
+            .map_err(|_| unanswered())?
+            .map_err(|e| match e {
+                zk::Error::BadArguments(_) | zk::Error::NoHosts => {
+                    LockError::InvalidInput(format!("zookeeper connect string {cluster:?}: {e}"))
+                }
+                zk::Error::Timeout => unanswered(),
+                e => zk_error(e),
+            })?;
         if client.check_stat("/").await.map_err(zk_error)?.is_none() {
             return Err(LockError::InvalidInput(format!(
                 "zookeeper chroot of {cluster:?} does not exist: create it first"
