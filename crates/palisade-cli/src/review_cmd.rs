@@ -31,10 +31,28 @@ pub struct ReviewArgs {
     /// What a double holder would cost.
     #[arg(long, value_enum)]
     need: NeedArg,
-    /// The resource the lock protects: a fence store's http://HOST:PORT
+    /// The resource the lock protects: a fence store's http(s)://HOST:PORT
     /// (asked whether it checks tokens), or `none`.
     #[arg(long)]
     resource: Option<String>,
+    /// The CA (PEM) that signed an https:// resource's certificate; the only
+    /// one trusted when asking it.
+    #[arg(long)]
+    resource_ca: Option<PathBuf>,
+    /// For a palisade:// backend running TLS: the cluster's CA (PEM).
+    #[arg(long, env = "PALISADE_CA")]
+    ca: Option<PathBuf>,
+    /// For a palisade:// backend: this client's certificate (PEM), for a
+    /// cluster that authenticates clients (the `read` role is enough).
+    #[arg(long, env = "PALISADE_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The key of --cert (PEM).
+    #[arg(long, env = "PALISADE_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// For a palisade:// backend: a file holding a bearer token (sent only
+    /// over TLS).
+    #[arg(long, env = "PALISADE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
     /// The lease length in use.
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
     ttl: Duration,
@@ -50,12 +68,28 @@ pub struct ReviewArgs {
 }
 
 /// Writes the record; exit 0 when the set-up meets the need, 1 when it does not
-/// (the reasons are in the record and on stderr).
+/// (the reasons are in the record and on stderr), 2 for unusable credential flags.
 pub async fn run(a: ReviewArgs) -> Result<i32> {
+    // Bad credential flags are a usage error (2), not a set-up that fails the
+    // need (1).
+    let (cluster_tls, cluster_token) = match palisade_client::credentials_from_files(
+        a.ca.as_deref(),
+        a.cert.as_deref().zip(a.key.as_deref()),
+        a.token_file.as_deref(),
+    ) {
+        Ok(credentials) => credentials,
+        Err(e) => {
+            eprintln!("palisade: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
     let input = ReviewInput {
         lock: a.lock,
         backend: a.backend,
         resource: a.resource,
+        resource_ca: a.resource_ca,
+        cluster_tls,
+        cluster_token,
         ttl: a.ttl,
         work: a.work,
         drills: a.drills,

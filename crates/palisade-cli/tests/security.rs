@@ -1503,4 +1503,55 @@ async fn the_fence_store_refuses_strangers_and_tokens_the_cluster_never_issued()
     assert_eq!(r.status, 409, "{}", r.body);
     assert!(r.body.contains("stale_token"), "{}", r.body);
     again.release().await.unwrap();
+
+    // `palisade review` asks both over TLS: the cluster as `reader`, the
+    // store's health against the CA named for it.
+    let f = |name: &str| cluster.certs().join(name).to_str().unwrap().to_owned();
+    let backend = format!("palisade://{}", cluster.addrs().join(","));
+    let resource = format!("https://{}", store.addr);
+    let review = |extra: &[String]| {
+        let out = Command::new(bin())
+            .args([
+                "review",
+                key,
+                "--need",
+                "correctness",
+                "--backend",
+                &backend,
+            ])
+            .args(["--ca", &f("ca.pem"), "--cert", &f("client-reader.pem")])
+            .args([
+                "--key",
+                &f("client-reader-key.pem"),
+                "--resource",
+                &resource,
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (status, text) = review(&["--resource-ca".into(), f("ca.pem")]);
+    assert!(text.contains("voting member"), "{text}");
+    assert!(text.contains("fencing **on**"), "{text}");
+    assert!(text.contains("over HTTPS"), "{text}");
+    assert!(!text.contains("could not get the cluster"), "{text}");
+    assert!(!text.contains("could not get the resource"), "{text}");
+    assert_eq!(status, Some(0), "{text}");
+    // Without the store's CA it cannot be asked, and the record says what to give.
+    let (status, text) = review(&[]);
+    assert!(text.contains("--resource-ca"), "{text}");
+    assert_eq!(status, Some(1), "{text}");
+    // Another CA: the store's certificate is not believed.
+    let (status, text) = review(&["--resource-ca".into(), other_ca(&cluster)]);
+    assert!(text.contains("could not be asked"), "{text}");
+    assert_eq!(status, Some(1), "{text}");
+}
+
+/// The CA of the unrelated `other-ca` set made by [`SecureCluster::start`].
+fn other_ca(cluster: &SecureCluster) -> String {
+    let path = cluster.dir.path().join("other-ca").join("ca.pem");
+    path.to_str().unwrap().to_owned()
 }

@@ -33,6 +33,14 @@ pub struct ReviewInput {
     /// The resource the lock protects: a fence store's `http(s)://HOST:PORT`,
     /// or `none` for one that checks no token; `None`: not stated.
     pub resource: Option<String>,
+    /// The CA (PEM) that signed an `https://` resource's certificate: the only
+    /// one trusted when asking it.
+    pub resource_ca: Option<PathBuf>,
+    /// TLS for a `palisade://` backend, as `palisade lock` takes it; `None`:
+    /// plaintext.
+    pub cluster_tls: Option<palisade_client::TlsOptions>,
+    /// A bearer token for a `palisade://` backend (only over TLS).
+    pub cluster_token: Option<String>,
     /// The lease length the team uses.
     pub ttl: Duration,
     /// How long the work under the lock takes.
@@ -193,7 +201,7 @@ pub async fn review(input: &ReviewInput) -> Review {
         "redis" => {
             redis_facts(&redis_nodes, input, &mut md, &mut failures, &mut unknown).await;
         }
-        "palisade" => palisade_facts(rest, &mut md, &mut unknown).await,
+        "palisade" => palisade_facts(rest, input, &mut md, &mut unknown).await,
         _ => md.push_str(&format!(
             "Not asked: `palisade review` does not query the deployment of {}; check its \
              members and their health with its own tools.\n\n",
@@ -203,7 +211,7 @@ pub async fn review(input: &ReviewInput) -> Review {
 
     // The resource.
     md.push_str("## The resource\n\n");
-    let fenced = resource_facts(input.resource.as_deref(), &mut md, &mut unknown).await;
+    let fenced = resource_facts(input, &mut md, &mut unknown).await;
 
     // The drills.
     md.push_str("## Fault drills\n\n");
@@ -365,7 +373,12 @@ async fn redis_facts(
     }
 }
 
-async fn palisade_facts(rest: &str, md: &mut String, unknown: &mut Vec<String>) {
+async fn palisade_facts(
+    rest: &str,
+    input: &ReviewInput,
+    md: &mut String,
+    unknown: &mut Vec<String>,
+) {
     let endpoints: Vec<String> = rest
         .trim_end_matches('/')
         .split(',')
@@ -374,6 +387,8 @@ async fn palisade_facts(rest: &str, md: &mut String, unknown: &mut Vec<String>) 
         .collect();
     let mut config = palisade_client::ClientConfig::new(endpoints);
     config.retry_for = Duration::from_secs(3);
+    config.tls.clone_from(&input.cluster_tls);
+    config.bearer_token.clone_from(&input.cluster_token);
     let status = match palisade_client::Admin::new(&config) {
         Ok(admin) => admin.status().await.map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
@@ -393,50 +408,59 @@ async fn palisade_facts(rest: &str, md: &mut String, unknown: &mut Vec<String>) 
 /// Whether the resource checks tokens: `Some(true)` for a fence store with
 /// fencing on, `Some(false)` for `none` or fencing off, `None` when unknown.
 async fn resource_facts(
-    resource: Option<&str>,
+    input: &ReviewInput,
     md: &mut String,
     unknown: &mut Vec<String>,
 ) -> Option<bool> {
-    match resource {
+    use palisade_fence::client::{StoreAddr, fencing_on};
+    let url = match input.resource.as_deref() {
         None => {
             md.push_str("Not stated (`--resource`).\n\n");
             unknown.push("whether the resource checks fencing tokens (no --resource)".into());
-            None
+            return None;
         }
         Some("none") => {
             md.push_str("Stated: the resource checks **no** fencing token.\n\n");
-            Some(false)
+            return Some(false);
         }
-        Some(url) => {
-            let addr = url
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_owned();
-            if url.starts_with("https://") {
+        Some(url) => url,
+    };
+    let https = url.strip_prefix("https://");
+    let addr = https
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    let store = match (https, input.resource_ca.as_deref()) {
+        (None, _) => Ok(StoreAddr::plain(addr)),
+        (Some(_), Some(ca)) => StoreAddr::tls(addr, ca).map_err(|e| e.to_string()),
+        (Some(_), None) => {
+            Err("it speaks HTTPS: give the CA that signed its certificate (--resource-ca)".into())
+        }
+    };
+    let how = if https.is_some() {
+        "over HTTPS, its certificate checked against --resource-ca"
+    } else {
+        "over plain HTTP"
+    };
+    match store {
+        Ok(store) => match fencing_on(&store).await {
+            Ok(fencing) => {
                 md.push_str(&format!(
-                    "Fence store at `{url}`: HTTPS is not asked by `review` yet.\n\n"
+                    "Fence store at `{url}`: fencing **{}** (asked at `/v1/health` {how}).\n\n",
+                    if fencing { "on" } else { "off" }
                 ));
-                unknown.push(format!("the resource at {url}: give its http:// address"));
-                return None;
+                Some(fencing)
             }
-            match palisade_fence::client::fencing_on(&palisade_fence::client::StoreAddr::plain(
-                addr,
-            ))
-            .await
-            {
-                Ok(fencing) => {
-                    md.push_str(&format!(
-                        "Fence store at `{url}`: fencing **{}** (asked at `/v1/health`).\n\n",
-                        if fencing { "on" } else { "off" }
-                    ));
-                    Some(fencing)
-                }
-                Err(e) => {
-                    md.push_str(&format!("Fence store at `{url}`: could not be asked.\n\n"));
-                    unknown.push(format!("the resource at {url}: {e}"));
-                    None
-                }
+            Err(e) => {
+                md.push_str(&format!("Fence store at `{url}`: could not be asked.\n\n"));
+                unknown.push(format!("the resource at {url}: {e}"));
+                None
             }
+        },
+        Err(e) => {
+            md.push_str(&format!("Fence store at `{url}`: could not be asked.\n\n"));
+            unknown.push(format!("the resource at {url}: {e}"));
+            None
         }
     }
 }
