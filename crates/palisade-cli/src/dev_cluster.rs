@@ -71,7 +71,7 @@ pub async fn run(a: DevClusterArgs) -> Result<i32> {
     let mut children: Vec<Child> = Vec::new();
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
     // The nodes share this machine's cores.
-    let threads = palisade_testkit::colocated_worker_threads(a.nodes);
+    let threads = colocated_worker_threads(a.nodes);
     for (port, id) in ports.iter().zip(1u64..) {
         let mut cmd = Command::new(&exe);
         cmd.arg("serve")
@@ -184,6 +184,20 @@ fn without_timestamp(line: &str) -> &str {
         }
         _ => line,
     }
+}
+
+/// The `--worker-threads` of each of `nodes` nodes sharing this machine: its
+/// cores split between them, at least one each; `None` when
+/// `PALISADE_WORKER_THREADS` is set (the nodes inherit it). Threads beyond the
+/// cores only add context switches to every commit. (The testkit's clusters
+/// follow the same rule; it cannot call this one, the product does not link
+/// the rigs and the rigs do not link the binary.)
+fn colocated_worker_threads(nodes: u64) -> Option<usize> {
+    if std::env::var_os("PALISADE_WORKER_THREADS").is_some() {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    Some((cores / nodes.max(1) as usize).max(1))
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use palisade_auth::Policy;
+use palisade_backends::FencingArg;
 use palisade_fence::access::Access;
 use palisade_fence::http::ServeOptions;
 use palisade_fence::verify::TokenVerifier;
-use palisade_harness::FencingArg;
 
 use crate::duration_arg;
 

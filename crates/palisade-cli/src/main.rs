@@ -1,9 +1,11 @@
 //! `palisade`: the command-line entry point.
 //!
 //! Subcommands map onto the crates: `serve` runs `palisade-server`, `lock` takes a
-//! lock through `palisade-harness`'s backend registry, `redis …` drives
-//! `palisade-redis`, `chaos`, `sim`, `bench` and `demo` are `palisade-harness`'s.
-//! Exit statuses are in [`exit`] and the README.
+//! lock through `palisade-backends`' registry, `redis …` drives
+//! `palisade-redis`, `review` writes the design-review record ([`review`]).
+//! `chaos`, `sim`, `bench` and `demo` are the test rigs of `palisade-harness`,
+//! linked only with the default `lab` feature. Exit statuses are in [`exit`] and
+//! the README.
 
 mod certs_cmd;
 mod child;
@@ -11,13 +13,15 @@ mod config_file;
 mod dev_cluster;
 mod fence_cmd;
 mod redis_cmd;
+mod review;
 mod review_cmd;
 mod server_cmd;
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-pub use palisade_harness::{backends, duration_arg, exit};
+pub use palisade_backends::{self as backends, duration_arg, exit};
+#[cfg(feature = "lab")]
 use palisade_harness::{bench, chaos, demo};
 
 #[derive(Parser)]
@@ -77,10 +81,11 @@ struct SimulatedOrWall;
 
 impl tracing_subscriber::fmt::time::FormatTime for SimulatedOrWall {
     fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
-        match palisade_harness::sim::simulated_time() {
-            Some(t) => write!(w, "sim+{:.6}s", t.as_secs_f64()),
-            None => tracing_subscriber::fmt::time::SystemTime.format_time(w),
+        #[cfg(feature = "lab")]
+        if let Some(t) = palisade_harness::sim::simulated_time() {
+            return write!(w, "sim+{:.6}s", t.as_secs_f64());
         }
+        tracing_subscriber::fmt::time::SystemTime.format_time(w)
     }
 }
 
@@ -103,6 +108,7 @@ enum Command {
     /// stale tokens get 409.
     FenceStore(fence_cmd::FenceStoreArgs),
     /// Demonstrations on real processes.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
     Demo(demo::DemoCommand),
     /// Certificates for TLS (a CA, nodes, clients) and bearer tokens.
@@ -119,15 +125,18 @@ enum Command {
     /// budget, the drills, and a verdict by need. Exit 1 when it falls short.
     Review(review_cmd::ReviewArgs),
     /// Benchmarks that start their own servers.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Fault drills on real processes: pauses, partitions, delays, crashes and
     /// clock jumps against Redis, Redlock, Palisade, ZooKeeper, etcd and
     /// PostgreSQL, with and without fencing.
+    #[cfg(feature = "lab")]
     Chaos(chaos::ChaosArgs),
     /// Deterministic simulation of the whole server and its clients: many
     /// seeded fault histories (crashes with torn writes, partitions, slow
     /// links, client pauses), each checked; a failing seed replays exactly.
+    #[cfg(feature = "lab")]
     Sim(palisade_harness::sim::SimArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell):
     /// `palisade completions bash > /etc/bash_completion.d/palisade`.
@@ -138,6 +147,7 @@ enum Command {
     /// Print the man page (roff): `palisade man > palisade.1`.
     Man,
     /// One client process of `palisade chaos`.
+    #[cfg(feature = "lab")]
     #[command(hide = true)]
     ChaosWorker(chaos::worker::WorkerArgs),
 }
@@ -163,7 +173,11 @@ fn main() {
     let cli = Cli::parse_from(args);
     // `palisade sim` runs thousands of simulated nodes in this process: their
     // role changes and snapshots are not news (PALISADE_LOG still shows them).
-    init_logging(cli.log_format, matches!(cli.command, Command::Sim(_)));
+    #[cfg(feature = "lab")]
+    let quiet = matches!(cli.command, Command::Sim(_));
+    #[cfg(not(feature = "lab"))]
+    let quiet = false;
+    init_logging(cli.log_format, quiet);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Command::Serve(a) = &cli.command
@@ -183,12 +197,17 @@ fn main() {
             Command::Cluster(c) => server_cmd::cluster(c).await,
             Command::Certs(c) => certs_cmd::run(c),
             Command::FenceStore(a) => fence_cmd::serve(a).await,
+            #[cfg(feature = "lab")]
             Command::Demo(c) => demo::run(c).await,
             Command::Redis(c) => redis_cmd::run(c).await,
             Command::Review(a) => review_cmd::run(a).await,
+            #[cfg(feature = "lab")]
             Command::Bench(c) => bench::run(c).await,
+            #[cfg(feature = "lab")]
             Command::Chaos(a) => chaos::run(a).await,
+            #[cfg(feature = "lab")]
             Command::Sim(a) => palisade_harness::sim::run(a).await,
+            #[cfg(feature = "lab")]
             Command::ChaosWorker(a) => chaos::worker::run(a).await,
             Command::Completions { shell } => {
                 let mut text = Vec::new();

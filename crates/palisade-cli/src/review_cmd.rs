@@ -1,12 +1,12 @@
 //! `palisade review`: the design-review record of a lock (see
-//! `palisade_harness::review`).
+//! [`crate::review`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::review::{Need, ReviewInput, review};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use palisade_harness::review::{Need, ReviewInput, review};
 
 use crate::{duration_arg, exit};
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use palisade_backends::{self as backends, BackendUrl, SessionSpec};
 use palisade_core::{FencedLocks, LeaseState, LockError, LockOptions};
-use palisade_harness::backends::{self, BackendUrl, SessionSpec};
 use palisade_testkit::{EtcdCluster, PalisadeNode, PostgresServer, ZooKeeperEnsemble};
 
 fn now_or_never() -> LockOptions {

@@ -1,15 +1,50 @@
-//! The one place where correctness-lock backends are registered, by URL scheme.
+//! The one place where correctness-lock backends are registered, by URL scheme,
+//! and the conventions every `palisade` command shares ([`exit`] statuses,
+//! [`duration_arg`], [`FencingArg`]).
 //!
-//! Everything that takes a lock by URL (`palisade lock --backend URL`) goes
-//! through [`connect`] and then only through the [`FencedLocks`] trait. A new
-//! backend is a crate that implements the trait, plus one arm in [`connect`] and
-//! one line in [`SCHEMES`].
+//! Everything that takes a lock by URL (`palisade lock --backend URL`, the
+//! drills' workers, the benchmarks) goes through [`connect`] and then only
+//! through the [`FencedLocks`] trait. A new backend is a crate that implements
+//! the trait, plus one arm in [`connect`] and one line in [`SCHEMES`].
+//!
+//! This crate is on the product side: it links the backends' client crates and
+//! nothing of the test rigs (`lab/`).
+
+pub mod exit;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use clap::ValueEnum;
 use palisade_client::{Client, ClientConfig, TlsOptions};
 use palisade_core::{FencedLocks, LockError};
+use palisade_fence::Fencing;
+
+/// Parses the CLI's durations: `10s`, `0.2s`, `150ms`, `2m`.
+///
+/// # Errors
+/// The parse error, in words (for clap).
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    palisade_core::duration::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Whether the fenced store checks tokens (`--fencing on|off`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FencingArg {
+    /// Reject writes whose token is below the highest accepted (409).
+    On,
+    /// Accept every write (to show what goes wrong without fencing).
+    Off,
+}
+
+impl From<FencingArg> for Fencing {
+    fn from(f: FencingArg) -> Self {
+        match f {
+            FencingArg::On => Fencing::On,
+            FencingArg::Off => Fencing::Off,
+        }
+    }
+}
 
 /// The registered schemes and the shape of their URLs (for help and errors).
 pub const SCHEMES: &[(&str, &str)] = &[
