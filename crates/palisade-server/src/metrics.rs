@@ -15,7 +15,7 @@
 use openraft::ServerState;
 use openraft::async_runtime::Instant as _;
 use openraft::async_runtime::WatchReceiver;
-use palisade_core::machine::{Applied, MachineError, Reply};
+use palisade_core::machine::{Applied, CommandKind, MachineError, Reply};
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -67,9 +67,9 @@ pub struct ApplyCounters {
     pub lock_delays: IntCounter,
     /// Acquires that found a lock in lock-delay.
     pub lock_delay_hits: IntCounter,
-    /// `commands` resolved per kind, in [`COMMAND_KINDS`] order, and
+    /// `commands` resolved per kind, at [`CommandKind::index`], and
     /// `releases` per how: the apply path adds to them without a label lookup.
-    by_kind: [IntCounter; 8],
+    by_kind: [IntCounter; CommandKind::ALL.len()],
     released_by: [IntCounter; 3],
 }
 
@@ -92,7 +92,7 @@ impl Default for ApplyCounters {
             "how",
         );
         let counters = ApplyCounters {
-            by_kind: COMMAND_KINDS.map(|kind| commands.with_label_values(&[kind])),
+            by_kind: CommandKind::ALL.map(|kind| commands.with_label_values(&[kind.as_str()])),
             released_by: RELEASED_BY.map(|how| releases.with_label_values(&[how])),
             commands,
             releases,
@@ -141,18 +141,6 @@ impl Default for ApplyCounters {
     }
 }
 
-/// Every [`Command::kind`](palisade_core::machine::Command::kind).
-const COMMAND_KINDS: [&str; 8] = [
-    "create_session",
-    "close_session",
-    "expire_session",
-    "expire_in_batch",
-    "acquire",
-    "release",
-    "cancel_wait",
-    "end_lock_delay",
-];
-
 /// Every label [`refusal`] gives.
 const REFUSALS: [&str; 10] = [
     "invalid_input",
@@ -170,18 +158,16 @@ const REFUSALS: [&str; 10] = [
 impl ApplyCounters {
     /// Counts one applied entry, given its commands' kinds
     /// ([`Command::kind`]) and what they did.
-    pub fn count_entry(&self, kinds: &[&'static str], applied: &[Applied]) {
+    pub fn count_entry(&self, kinds: &[CommandKind], applied: &[Applied]) {
         self.entries.inc();
         self.commands_per_entry.observe(kinds.len() as f64);
         // Tallied here and added once per entry: a batch of a thousand
         // commands costs a handful of atomic adds.
-        let mut by_kind = [0u64; COMMAND_KINDS.len()];
+        let mut by_kind = [0u64; CommandKind::ALL.len()];
         let mut released_by = [0u64; RELEASED_BY.len()];
         let mut grants = 0;
         for (kind, a) in kinds.iter().zip(applied) {
-            if let Some(i) = COMMAND_KINDS.iter().position(|k| k == kind) {
-                by_kind[i] += 1;
-            }
+            by_kind[kind.index()] += 1;
             grants += a.grants.len() as u64;
             match &a.outcome {
                 Ok(Reply::SessionCreated { .. }) => self.sessions_created.inc(),
@@ -191,7 +177,7 @@ impl ApplyCounters {
                     lock_delay,
                     ..
                 }) => {
-                    let expired = matches!(*kind, "expire_session" | "expire_in_batch");
+                    let expired = kind.is_expiry();
                     if expired {
                         self.expiries.inc();
                     }

@@ -175,18 +175,18 @@ impl Command {
         }
     }
 
-    /// The command's name as it is spelled in the log (`acquire`,
-    /// `expire_in_batch`, …), for metrics and logs.
-    pub fn kind(&self) -> &'static str {
+    /// Which command this is: the label metrics count it under, and how the
+    /// apply path tells an expiry from a close without matching strings.
+    pub fn kind(&self) -> CommandKind {
         match self {
-            Command::CreateSession { .. } => "create_session",
-            Command::CloseSession { .. } => "close_session",
-            Command::ExpireSession { .. } => "expire_session",
-            Command::ExpireInBatch { .. } => "expire_in_batch",
-            Command::Acquire { .. } => "acquire",
-            Command::Release { .. } => "release",
-            Command::CancelWait { .. } => "cancel_wait",
-            Command::EndLockDelay { .. } => "end_lock_delay",
+            Command::CreateSession { .. } => CommandKind::CreateSession,
+            Command::CloseSession { .. } => CommandKind::CloseSession,
+            Command::ExpireSession { .. } => CommandKind::ExpireSession,
+            Command::ExpireInBatch { .. } => CommandKind::ExpireInBatch,
+            Command::Acquire { .. } => CommandKind::Acquire,
+            Command::Release { .. } => CommandKind::Release,
+            Command::CancelWait { .. } => CommandKind::CancelWait,
+            Command::EndLockDelay { .. } => CommandKind::EndLockDelay,
         }
     }
 
@@ -323,3 +323,97 @@ pub struct Applied {
     /// outcome is an error.
     pub grants: Vec<Grant>,
 }
+
+/// The kinds of [`Command`], one per variant, in a fixed order: counters kept
+/// per kind live in an array indexed by [`CommandKind::index`], so a command
+/// added to the machine needs a kind here ([`Command::kind`] is an exhaustive
+/// match) and is then counted without anything else to remember.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CommandKind {
+    /// [`Command::CreateSession`].
+    CreateSession,
+    /// [`Command::CloseSession`].
+    CloseSession,
+    /// [`Command::ExpireSession`].
+    ExpireSession,
+    /// [`Command::ExpireInBatch`].
+    ExpireInBatch,
+    /// [`Command::Acquire`].
+    Acquire,
+    /// [`Command::Release`].
+    Release,
+    /// [`Command::CancelWait`].
+    CancelWait,
+    /// [`Command::EndLockDelay`].
+    EndLockDelay,
+}
+
+impl CommandKind {
+    /// Every kind, each at its [`index`](Self::index).
+    pub const ALL: [CommandKind; 8] = [
+        CommandKind::CreateSession,
+        CommandKind::CloseSession,
+        CommandKind::ExpireSession,
+        CommandKind::ExpireInBatch,
+        CommandKind::Acquire,
+        CommandKind::Release,
+        CommandKind::CancelWait,
+        CommandKind::EndLockDelay,
+    ];
+
+    /// The kind's place in [`ALL`](Self::ALL), for arrays of per-kind counters.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The name as it is spelled in the log (`acquire`, `expire_in_batch`, …)
+    /// and in metrics labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CommandKind::CreateSession => "create_session",
+            CommandKind::CloseSession => "close_session",
+            CommandKind::ExpireSession => "expire_session",
+            CommandKind::ExpireInBatch => "expire_in_batch",
+            CommandKind::Acquire => "acquire",
+            CommandKind::Release => "release",
+            CommandKind::CancelWait => "cancel_wait",
+            CommandKind::EndLockDelay => "end_lock_delay",
+        }
+    }
+
+    /// A session ended because its lease ran out (alone or in a batch), not
+    /// by its owner's close.
+    pub const fn is_expiry(self) -> bool {
+        matches!(
+            self,
+            CommandKind::ExpireSession | CommandKind::ExpireInBatch
+        )
+    }
+}
+
+// `ALL` lists every kind exactly once, in discriminant order, checked when the
+// crate compiles: walking the kinds by `next` (an exhaustive match, so a new
+// kind must say where it goes) meets each at its index in `ALL` and ends at
+// `ALL`'s end.
+const _: () = {
+    const fn next(kind: CommandKind) -> Option<CommandKind> {
+        match kind {
+            CommandKind::CreateSession => Some(CommandKind::CloseSession),
+            CommandKind::CloseSession => Some(CommandKind::ExpireSession),
+            CommandKind::ExpireSession => Some(CommandKind::ExpireInBatch),
+            CommandKind::ExpireInBatch => Some(CommandKind::Acquire),
+            CommandKind::Acquire => Some(CommandKind::Release),
+            CommandKind::Release => Some(CommandKind::CancelWait),
+            CommandKind::CancelWait => Some(CommandKind::EndLockDelay),
+            CommandKind::EndLockDelay => None,
+        }
+    }
+    let mut kind = Some(CommandKind::CreateSession);
+    let mut i = 0;
+    while let Some(k) = kind {
+        assert!(k.index() == i && CommandKind::ALL[i].index() == i);
+        kind = next(k);
+        i += 1;
+    }
+    assert!(i == CommandKind::ALL.len());
+};

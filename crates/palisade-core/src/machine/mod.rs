@@ -55,7 +55,8 @@ mod wire;
 mod tests;
 
 pub use command::{
-    Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId, SessionOwner,
+    Applied, Command, CommandKind, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId,
+    SessionOwner,
 };
 pub use error::{InvariantViolation, MachineError, SnapshotError};
 pub use state::{LockMachine, RELEASES_REMEMBERED};

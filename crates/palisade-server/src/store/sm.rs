@@ -18,7 +18,7 @@ use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{OptionalSend, RaftSnapshotBuilder};
 use palisade_core::FencingToken;
 use palisade_core::machine::{
-    Applied, Command, Grant, LockMachine, MachineError, Reply, SessionId,
+    Applied, Command, CommandKind, Grant, LockMachine, MachineError, Reply, SessionId,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -77,9 +77,8 @@ pub struct RecentEvent {
     pub at_unix_ms: u64,
     /// The log index of the entry.
     pub index: u64,
-    /// `expiry` (a session's lease ran out) or `lock_delay` (a lock it held
-    /// stays unavailable for `lock_delay_ms`).
-    pub kind: &'static str,
+    /// What happened.
+    pub kind: RecentEventKind,
     /// The session.
     pub session: u64,
     /// The lock, if the event concerns one.
@@ -88,6 +87,16 @@ pub struct RecentEvent {
     pub token: Option<u64>,
     /// The lock-delay's length.
     pub lock_delay_ms: Option<u64>,
+}
+
+/// What a [`RecentEvent`] records; in `/status.json` as `expiry` or `lock_delay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecentEventKind {
+    /// A session's lease ran out (with `lock` and `token` when it held one).
+    Expiry,
+    /// A lock the expired session held stays unavailable for `lock_delay_ms`.
+    LockDelay,
 }
 
 /// The cost of this node's most recent snapshots, for `Status` and benchmarks.
@@ -379,7 +388,7 @@ impl StateMachineStore {
                         _ => None,
                     })
                     .collect();
-                let kinds: Vec<&'static str> = cmds.iter().map(Command::kind).collect();
+                let kinds: Vec<CommandKind> = cmds.iter().map(Command::kind).collect();
                 // What an expiring session holds, so its expiry can be logged
                 // with each lock's token (the reply names the locks only).
                 let expiring: Vec<Vec<Grant>> =
@@ -454,7 +463,7 @@ impl StateMachineStore {
     /// refused for a stale or foreign token.
     fn note_expiries_and_refusals(
         &self,
-        kinds: &[&'static str],
+        kinds: &[CommandKind],
         expiring: &[Vec<Grant>],
         releases: &[Option<(SessionId, String, FencingToken)>],
         applied: &[Applied],
@@ -464,7 +473,7 @@ impl StateMachineStore {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         for (i, a) in applied.iter().enumerate() {
-            let expired = matches!(kinds.get(i), Some(&("expire_session" | "expire_in_batch")));
+            let expired = kinds.get(i).is_some_and(|k| k.is_expiry());
             match &a.outcome {
                 Ok(Reply::SessionEnded {
                     session,
@@ -478,7 +487,7 @@ impl StateMachineStore {
                     let event = |lock: Option<&Grant>| RecentEvent {
                         at_unix_ms,
                         index: a.index,
-                        kind: "expiry",
+                        kind: RecentEventKind::Expiry,
                         session: session.0,
                         lock: lock.map(|g| g.name.clone()),
                         token: lock.map(|g| g.token.get()),
@@ -508,7 +517,7 @@ impl StateMachineStore {
                         events.push(RecentEvent {
                             at_unix_ms,
                             index: a.index,
-                            kind: "lock_delay",
+                            kind: RecentEventKind::LockDelay,
                             session: session.0,
                             lock: Some(d.name.clone()),
                             token: None,
@@ -742,6 +751,17 @@ mod tests {
             session: SessionId(session),
             token: FencingToken::new(token).expect("nonzero"),
         }
+    }
+
+    #[test]
+    fn recent_events_keep_their_names_in_status_json() {
+        // status.js and scripts read these two strings.
+        let names = [RecentEventKind::Expiry, RecentEventKind::LockDelay]
+            .map(|k| serde_json::to_value(k).unwrap());
+        assert_eq!(
+            names,
+            [serde_json::json!("expiry"), serde_json::json!("lock_delay")]
+        );
     }
 
     #[test]

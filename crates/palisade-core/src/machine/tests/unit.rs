@@ -1035,7 +1035,7 @@ fn a_commands_kind_is_its_name_in_the_log() {
         end_delay("x"),
     ] {
         let json = serde_json::to_value(&cmd).unwrap();
-        assert_eq!(json["op"], cmd.kind(), "{json}");
+        assert_eq!(json["op"], cmd.kind().as_str(), "{json}");
     }
 }
 
