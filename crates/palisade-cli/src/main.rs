@@ -161,6 +161,29 @@ fn print_all(bytes: &[u8]) -> anyhow::Result<i32> {
     }
 }
 
+/// In a build without the `lab` feature, says why `chaos`, `sim`, `bench` or
+/// `demo` is missing instead of clap's bare "unrecognized subcommand".
+#[cfg(not(feature = "lab"))]
+fn refuse_lab_command(args: &[std::ffi::OsString]) {
+    const LAB: [&str; 5] = ["chaos", "sim", "bench", "demo", "chaos-worker"];
+    let mut rest = args.iter().skip(1).filter_map(|a| a.to_str());
+    while let Some(arg) = rest.next() {
+        if arg == "--log-format" {
+            rest.next();
+        } else if !arg.starts_with('-') {
+            if LAB.contains(&arg) {
+                eprintln!(
+                    "palisade: `{arg}` is a test rig, left out of this build \
+                     (--no-default-features); a build with the default features has it: \
+                     cargo install --locked --path crates/palisade-cli"
+                );
+                std::process::exit(exit::USAGE);
+            }
+            return;
+        }
+    }
+}
+
 fn main() {
     let args = config_file::merge(
         <Cli as clap::CommandFactory>::command(),
@@ -170,6 +193,8 @@ fn main() {
         eprintln!("palisade: {message}");
         std::process::exit(exit::USAGE)
     });
+    #[cfg(not(feature = "lab"))]
+    refuse_lab_command(&args);
     let cli = Cli::parse_from(args);
     // `palisade sim` runs thousands of simulated nodes in this process: their
     // role changes and snapshots are not news (PALISADE_LOG still shows them).
