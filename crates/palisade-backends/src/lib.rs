@@ -109,6 +109,31 @@ impl std::str::FromStr for BackendUrl {
     }
 }
 
+impl BackendUrl {
+    /// The comma-separated `HOST:PORT`s after the scheme (a trailing `/` and
+    /// empty items dropped).
+    fn endpoints(&self) -> Vec<String> {
+        self.rest
+            .trim_end_matches('/')
+            .split(',')
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Backends that authenticate clients by certificate refuse a bearer token
+/// rather than ignore it.
+fn refuse_bearer_token(session: &SessionSpec, backend: &str) -> Result<(), LockError> {
+    match session.bearer_token {
+        Some(_) => Err(LockError::InvalidInput(format!(
+            "{backend} authenticates clients by certificate: give --cert/--key \
+             (with --ca); --token-file is for palisade://"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn known() -> String {
     SCHEMES
         .iter()
@@ -128,13 +153,7 @@ pub async fn connect(
 ) -> Result<Box<dyn FencedLocks>, LockError> {
     match url.scheme.as_str() {
         "palisade" => {
-            let endpoints: Vec<String> = url
-                .rest
-                .trim_end_matches('/')
-                .split(',')
-                .filter(|e| !e.is_empty())
-                .map(str::to_owned)
-                .collect();
+            let endpoints = url.endpoints();
             if endpoints.is_empty() {
                 return Err(LockError::InvalidInput(
                     "palisade:// needs at least one HOST:PORT".into(),
@@ -157,20 +176,8 @@ pub async fn connect(
             Ok(Box::new(Client::connect(config).await?))
         }
         "etcd" => {
-            if session.bearer_token.is_some() {
-                return Err(LockError::InvalidInput(
-                    "etcd authenticates clients by certificate: give --cert/--key \
-                     (with --ca); --token-file is for palisade://"
-                        .into(),
-                ));
-            }
-            let endpoints: Vec<String> = url
-                .rest
-                .trim_end_matches('/')
-                .split(',')
-                .filter(|e| !e.is_empty())
-                .map(str::to_owned)
-                .collect();
+            refuse_bearer_token(session, "etcd")?;
+            let endpoints = url.endpoints();
             let tls = session.tls.as_ref().map(|t| palisade_etcd::EtcdTls {
                 ca_pem: t.ca_pem.clone(),
                 identity: t.identity.clone(),
@@ -182,13 +189,7 @@ pub async fn connect(
             ))
         }
         "zk" => {
-            if session.bearer_token.is_some() {
-                return Err(LockError::InvalidInput(
-                    "ZooKeeper authenticates clients by certificate: give --cert/--key \
-                     (with --ca); --token-file is for palisade://"
-                        .into(),
-                ));
-            }
+            refuse_bearer_token(session, "ZooKeeper")?;
             let tls = match &session.tls {
                 Some(t) if t.server_name.is_some() => {
                     return Err(LockError::InvalidInput(
