@@ -343,7 +343,10 @@ async fn redis_facts(
         };
     let options = palisade_redis::AcquireOptions::new(input.ttl);
     let started = std::time::Instant::now();
-    match manager.acquire("palisade-review-probe", &options).await {
+    // A key of its own per run: a probe left behind by another review (its
+    // release lost, the key alive until its TTL) must not refuse this one.
+    let probe = format!("palisade-review-probe-{:016x}", rand::random::<u64>());
+    match manager.acquire(&probe, &options).await {
         Err(e) => unknown.push(format!("the validity budget (a probe acquire): {e}")),
         Ok(guard) => {
             let acquire = started.elapsed();
