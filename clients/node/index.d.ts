@@ -293,6 +293,8 @@ export declare class Unauthenticated extends PalisadeError {}
 export declare class PermissionDenied extends PalisadeError {}
 /** `cancelled` (409): the waiting acquire was cancelled by `/v1/locks/cancel` of the same session. */
 export declare class Cancelled extends PalisadeError {}
+/** `wrong_shape` (409): the name is another recipe than the call takes it for (a plain lock on a semaphore), or the session holds it in the other mode. */
+export declare class WrongShape extends PalisadeError {}
 /** `session_expired` (client-side): the session's guarantee ran out (or the session is known to be gone) before or during the call. */
 export declare class SessionExpired extends PalisadeError {}
 /**

@@ -45,6 +45,7 @@ const Unavailable = define('Unavailable', 'unavailable');
 const Unauthenticated = define('Unauthenticated', 'unauthenticated');
 const PermissionDenied = define('PermissionDenied', 'permission_denied');
 const Cancelled = define('Cancelled', 'cancelled');
+const WrongShape = define('WrongShape', 'wrong_shape');
 const SessionExpired = define('SessionExpired', 'session_expired');
 const GrantTooLate = define('GrantTooLate', 'grant_too_late');
 const LeaseLost = define('LeaseLost', 'lease_lost');
@@ -65,7 +66,7 @@ StaleToken.code = 'stale_token';
 const BY_CODE = new Map(
   [
     NotLeader, InvalidInput, UnknownSession, NotHolder, StaleToken, WouldBlock, WaitTimeout,
-    LimitReached, Unavailable, Unauthenticated, PermissionDenied, Cancelled,
+    LimitReached, Unavailable, Unauthenticated, PermissionDenied, Cancelled, WrongShape,
   ].map((cls) => [cls.code, cls]),
 );
 
@@ -112,6 +113,7 @@ module.exports = {
   Unauthenticated,
   PermissionDenied,
   Cancelled,
+  WrongShape,
   SessionExpired,
   GrantTooLate,
   LeaseLost,

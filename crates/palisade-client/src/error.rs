@@ -55,6 +55,11 @@ pub enum ClientError {
     /// nothing was granted.
     #[error("the wait was cancelled")]
     Cancelled,
+    /// The name is another recipe than the call takes it for (a plain lock on
+    /// a semaphore, a semaphore of 3 on one of 5), or the session holds it in
+    /// the other mode; nothing changed.
+    #[error("wrong shape: {0}")]
+    WrongShape(String),
     /// The server answered something this client does not understand.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -107,6 +112,7 @@ impl ClientError {
             Some(ErrorCode::Unauthenticated) => ClientError::Unauthenticated(msg),
             Some(ErrorCode::PermissionDenied) => ClientError::PermissionDenied(msg),
             Some(ErrorCode::Cancelled) => ClientError::Cancelled,
+            Some(ErrorCode::WrongShape) => ClientError::WrongShape(msg),
             Some(ErrorCode::NotLeader | ErrorCode::Unavailable) | None => {
                 ClientError::Unavailable(format!("{}: {msg}", status.code()))
             }
@@ -119,7 +125,7 @@ impl From<ClientError> for palisade_core::LockError {
     fn from(e: ClientError) -> Self {
         use palisade_core::LockError as L;
         match e {
-            ClientError::InvalidInput(m) => L::InvalidInput(m),
+            ClientError::InvalidInput(m) | ClientError::WrongShape(m) => L::InvalidInput(m),
             ClientError::WouldBlock => L::WouldBlock,
             // A cancelled wait ended ungranted, as one that ran out does.
             ClientError::WaitTimeout | ClientError::Cancelled => L::WaitTimeout,

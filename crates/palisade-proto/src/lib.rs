@@ -58,11 +58,15 @@ pub enum ErrorCode {
     PermissionDenied,
     /// The waiting acquire was cancelled (`CancelAcquire` by its session).
     Cancelled,
+    /// The name is another recipe than the call takes it for (a plain lock on
+    /// a semaphore, a read lock on a mutex, a semaphore of 3 on one of 5), or
+    /// the session holds it in the other mode (a reader asking to write).
+    WrongShape,
 }
 
 impl ErrorCode {
     /// Every code, for tests and docs.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::NotLeader,
         ErrorCode::InvalidInput,
         ErrorCode::UnknownSession,
@@ -75,6 +79,7 @@ impl ErrorCode {
         ErrorCode::Unauthenticated,
         ErrorCode::PermissionDenied,
         ErrorCode::Cancelled,
+        ErrorCode::WrongShape,
     ];
 
     /// The wire form.
@@ -92,6 +97,7 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::PermissionDenied => "permission_denied",
             ErrorCode::Cancelled => "cancelled",
+            ErrorCode::WrongShape => "wrong_shape",
         }
     }
 
@@ -106,7 +112,9 @@ impl ErrorCode {
             ErrorCode::NotLeader | ErrorCode::Unavailable => tonic::Code::Unavailable,
             ErrorCode::InvalidInput => tonic::Code::InvalidArgument,
             ErrorCode::UnknownSession => tonic::Code::NotFound,
-            ErrorCode::NotHolder | ErrorCode::StaleToken => tonic::Code::FailedPrecondition,
+            ErrorCode::NotHolder | ErrorCode::StaleToken | ErrorCode::WrongShape => {
+                tonic::Code::FailedPrecondition
+            }
             ErrorCode::WouldBlock => tonic::Code::Aborted,
             ErrorCode::WaitTimeout => tonic::Code::DeadlineExceeded,
             ErrorCode::LimitReached => tonic::Code::ResourceExhausted,

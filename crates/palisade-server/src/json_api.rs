@@ -297,7 +297,8 @@ pub fn http_status(code: ErrorCode) -> StatusCode {
         | ErrorCode::StaleToken
         | ErrorCode::WouldBlock
         | ErrorCode::WaitTimeout
-        | ErrorCode::Cancelled => StatusCode::CONFLICT,
+        | ErrorCode::Cancelled
+        | ErrorCode::WrongShape => StatusCode::CONFLICT,
         ErrorCode::LimitReached => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::NotLeader | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     }

@@ -226,7 +226,11 @@ fn refusal(e: &MachineError) -> &'static str {
     match e {
         MachineError::Input { .. }
         | MachineError::LockDelayTooLong { .. }
-        | MachineError::LabelTooLong { .. } => "invalid_input",
+        | MachineError::LabelTooLong { .. }
+        | MachineError::BadPermits { .. }
+        | MachineError::LockDelayNeedsExclusive { .. }
+        | MachineError::ValueTooLong { .. } => "invalid_input",
+        MachineError::ShapeMismatch { .. } | MachineError::HeldInOtherMode { .. } => "wrong_shape",
         MachineError::UnknownSession { .. } => "unknown_session",
         MachineError::NoSuchLock { .. } => "no_such_lock",
         MachineError::NotHolder { .. } => "not_holder",

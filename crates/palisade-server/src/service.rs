@@ -284,7 +284,13 @@ pub fn machine_status(e: &MachineError) -> Status {
     let code = match e {
         MachineError::Input { .. }
         | MachineError::LockDelayTooLong { .. }
-        | MachineError::LabelTooLong { .. } => ErrorCode::InvalidInput,
+        | MachineError::LabelTooLong { .. }
+        | MachineError::BadPermits { .. }
+        | MachineError::LockDelayNeedsExclusive { .. }
+        | MachineError::ValueTooLong { .. } => ErrorCode::InvalidInput,
+        MachineError::ShapeMismatch { .. } | MachineError::HeldInOtherMode { .. } => {
+            ErrorCode::WrongShape
+        }
         MachineError::UnknownSession { .. } => ErrorCode::UnknownSession,
         MachineError::StaleToken { .. } => ErrorCode::StaleToken,
         MachineError::TooManySessions { .. }

@@ -28,6 +28,7 @@ from .errors import (
     UnknownSession,
     WaitTimeout,
     WouldBlock,
+    WrongShape,
 )
 from .models import LockInfo, Member, Status, TokenCheck
 
@@ -54,6 +55,7 @@ __all__ = [
     "Unauthenticated",
     "PermissionDenied",
     "Cancelled",
+    "WrongShape",
     "SessionExpired",
     "GrantTooLate",
     "LeaseLost",

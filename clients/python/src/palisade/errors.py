@@ -25,6 +25,7 @@ __all__ = [
     "Unauthenticated",
     "PermissionDenied",
     "Cancelled",
+    "WrongShape",
     "SessionExpired",
     "GrantTooLate",
     "LeaseLost",
@@ -156,6 +157,14 @@ class Cancelled(PalisadeError):
     code = "cancelled"
 
 
+class WrongShape(PalisadeError):
+    """The name is another recipe than the call takes it for (a plain lock on a
+    semaphore, a read lock on a mutex), or the session holds it in the other
+    mode; nothing changed."""
+
+    code = "wrong_shape"
+
+
 class SessionExpired(PalisadeError):
     """Client-side: the session's guarantee ran out (or the session is known to
     be gone) before or during the call, so nothing can be held on it."""
@@ -204,6 +213,7 @@ _BY_CODE: Dict[str, Type[PalisadeError]] = {
         Unauthenticated,
         PermissionDenied,
         Cancelled,
+        WrongShape,
     )
 }
 

@@ -4,6 +4,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use super::MAX_WAITERS_PER_LOCK;
+use super::claim::{Claim, Mode, Shape, check_value};
 use super::command::{
     Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId, SessionOwner,
     check_acquire_input, check_session_input,
@@ -106,13 +107,44 @@ impl LockMachine {
                 name,
                 wait,
                 lock_delay_ms,
-            } => self.acquire(index, session, name, wait, lock_delay_ms, &mut grants),
+            } => self.claim(
+                index,
+                session,
+                name,
+                Claim::Lock,
+                wait,
+                lock_delay_ms,
+                &mut grants,
+            ),
+            Command::Claim {
+                session,
+                name,
+                claim,
+                wait,
+                lock_delay_ms,
+            } => self.claim(
+                index,
+                session,
+                name,
+                claim,
+                wait,
+                lock_delay_ms,
+                &mut grants,
+            ),
+            Command::Proclaim {
+                session,
+                name,
+                token,
+                value,
+            } => self.proclaim(session, name, token, value),
             Command::Release {
                 session,
                 name,
                 token,
             } => self.release(index, session, name, token, &mut grants),
-            Command::CancelWait { session, name } => self.cancel_wait(session, name),
+            Command::CancelWait { session, name } => {
+                self.cancel_wait(index, session, name, &mut grants)
+            }
             Command::EndLockDelay { name, since } => {
                 self.end_lock_delay(index, name, since, &mut grants)
             }
@@ -172,13 +204,19 @@ impl LockMachine {
         let gone = self
             .remove_session(session)
             .ok_or(MachineError::UnknownSession { session })?;
-        // Waits go first so that no hand-off below can pick the departing session.
+        // Waits go first so that no hand-off below can pick the departing
+        // session; leaving a queue can let the waiters behind fit (readers
+        // behind a departing writer), which the hand-offs below or the loop
+        // here grant.
         for name in &gone.waiting {
             let lock = self
                 .locks
                 .get_mut(name)
                 .expect("a session waits only on existing locks");
             lock.waiters.retain(|w| w.session != session);
+            if !gone.held.contains(name) {
+                self.grant_ready(index, name, grants);
+            }
         }
         let mut lock_delay = Vec::new();
         for name in &gone.held {
@@ -186,17 +224,22 @@ impl LockMachine {
                 .locks
                 .get_mut(name)
                 .expect("a session holds only existing locks");
-            lock.holder = None;
-            if expired && lock.lock_delay_ms > 0 {
+            let at = lock
+                .holders
+                .iter()
+                .position(|h| h.session == session)
+                .expect("the session's mirror says it holds the lock");
+            let holder = lock.holders.remove(at);
+            if expired && holder.mode == Mode::Exclusive && lock.lock_delay_ms > 0 {
                 // The dead holder may still be writing; keep everyone out for a while
-                // and leave the queue as it is.
+                // and leave the queue as it is. (An exclusive holder was alone.)
                 lock.delay_since = Some(index);
                 lock_delay.push(DelayedLock {
                     name: name.clone(),
                     lock_delay_ms: lock.lock_delay_ms,
                 });
             } else {
-                self.grant_next_or_free(index, name, grants);
+                self.grant_ready(index, name, grants);
             }
         }
         Ok(Reply::SessionEnded {
@@ -214,53 +257,72 @@ impl LockMachine {
             s.held.iter().any(|name| {
                 self.locks
                     .get(name)
-                    .and_then(|l| l.holder.as_ref())
+                    .and_then(|l| l.holder_of(session))
                     .is_some_and(|h| h.token == token)
             })
         })
     }
 
-    /// Hands a lock that has just become available to its first waiter, or forgets
-    /// it if nobody waits.
-    fn grant_next_or_free(&mut self, index: u64, name: &str, grants: &mut Vec<Grant>) {
+    /// Grants waiters from the front of `name`'s queue for as long as they fit
+    /// beside the holders, then forgets the entry if nobody holds, waits or
+    /// serves a lock-delay.
+    fn grant_ready(&mut self, index: u64, name: &str, grants: &mut Vec<Grant>) {
         let lock = self
             .locks
             .get_mut(name)
             .expect("caller passes an existing lock");
-        debug_assert!(lock.holder.is_none() && lock.delay_since.is_none());
-        let Some(next) = lock.waiters.pop_front() else {
+        while let Some(next) = lock.waiters.front()
+            && lock.admits(next.mode)
+        {
+            let next = lock.waiters.pop_front().expect("front exists");
+            let token = token_at(index);
+            let slot = lock.free_slot();
+            if next.mode == Mode::Exclusive {
+                lock.lock_delay_ms = next.lock_delay_ms;
+            }
+            lock.holders.push(Holder {
+                session: next.session,
+                token,
+                mode: next.mode,
+                slot,
+                value: next.value,
+            });
+            let s = self
+                .sessions
+                .get_mut(&next.session)
+                .expect("every waiter's session is alive");
+            s.waiting.remove(name);
+            s.held.insert(name.to_owned());
+            grants.push(Grant {
+                name: name.to_owned(),
+                session: next.session,
+                token,
+                slot,
+            });
+        }
+        if lock.holders.is_empty() && lock.delay_since.is_none() {
+            debug_assert!(lock.waiters.is_empty(), "a free lock keeps no queue");
             self.locks.remove(name);
-            return;
-        };
-        let token = token_at(index);
-        lock.holder = Some(Holder {
-            session: next.session,
-            token,
-        });
-        lock.lock_delay_ms = next.lock_delay_ms;
-        let s = self
-            .sessions
-            .get_mut(&next.session)
-            .expect("every waiter's session is alive");
-        s.waiting.remove(name);
-        s.held.insert(name.to_owned());
-        grants.push(Grant {
-            name: name.to_owned(),
-            session: next.session,
-            token,
-        });
+        } else if lock.holders.is_empty() {
+            // In lock-delay: the exclusive holder's delay stays until it ends.
+        } else if lock.holders.iter().all(|h| h.mode == Mode::Shared) {
+            lock.lock_delay_ms = 0;
+        }
     }
 
-    fn acquire(
+    #[allow(clippy::too_many_arguments)]
+    fn claim(
         &mut self,
         index: u64,
         session: SessionId,
         name: String,
+        claim: Claim,
         wait: bool,
         lock_delay_ms: u64,
         grants: &mut Vec<Grant>,
     ) -> Outcome {
         check_acquire_input(&name, lock_delay_ms)?;
+        claim.check(lock_delay_ms)?;
         let s = self
             .sessions
             .get(&session)
@@ -271,17 +333,34 @@ impl LockMachine {
         };
         let at_limit = s.lock_count() >= MAX_LOCKS_PER_SESSION;
         let already_queued = s.waiting.contains(&name);
+        let (shape, mode) = (claim.shape(), claim.mode());
+        let holder = |token: FencingToken, slot: u32| Holder {
+            session,
+            token,
+            mode,
+            slot,
+            value: claim.value().into(),
+        };
+        // A shared holder's lock-delay is refused by `claim.check`.
+        let granted_delay = if mode == Mode::Exclusive {
+            lock_delay_ms
+        } else {
+            0
+        };
 
         let Some(lock) = self.locks.get_mut(&name) else {
             if at_limit {
                 return Err(too_many);
             }
             let token = token_at(index);
+            let mut holders = smallvec::SmallVec::new();
+            holders.push(holder(token, 0));
             self.locks.insert(
                 name.clone(),
                 LockState {
-                    holder: Some(Holder { session, token }),
-                    lock_delay_ms,
+                    shape,
+                    holders,
+                    lock_delay_ms: granted_delay,
                     delay_since: None,
                     waiters: VecDeque::new(),
                 },
@@ -291,34 +370,75 @@ impl LockMachine {
                 name,
                 session,
                 token,
+                slot: 0,
             });
             return Ok(Reply::Acquired {
                 token,
                 reacquired: false,
+                slot: 0,
             });
         };
+        if lock.shape != shape {
+            return Err(MachineError::ShapeMismatch {
+                name,
+                held_as: lock.shape,
+                asked: shape,
+            });
+        }
 
         // A retry of a request that already took effect (the client could not tell,
         // e.g. across a leader change) must get the same answer, never a second grant.
-        if let Some(h) = lock.holder.filter(|h| h.session == session) {
+        if let Some(h) = lock.holder_of(session) {
+            if h.mode != mode {
+                return Err(MachineError::HeldInOtherMode { name, mode: h.mode });
+            }
             return Ok(Reply::Acquired {
                 token: h.token,
                 reacquired: true,
+                slot: h.slot,
             });
         }
         if already_queued {
-            let position = lock
+            let (position, w) = lock
                 .waiters
                 .iter()
-                .position(|w| w.session == session)
+                .enumerate()
+                .find(|(_, w)| w.session == session)
                 .expect("session mirror says it is queued");
+            if w.mode != mode {
+                return Err(MachineError::HeldInOtherMode { name, mode: w.mode });
+            }
             return Ok(Reply::Queued {
                 position: position + 1,
             });
         }
+        // FIFO: a claim that fits still waits behind anyone already waiting.
+        if lock.waiters.is_empty() && lock.admits(mode) {
+            if at_limit {
+                return Err(too_many);
+            }
+            let token = token_at(index);
+            let slot = lock.free_slot();
+            lock.holders.push(holder(token, slot));
+            if mode == Mode::Exclusive {
+                lock.lock_delay_ms = granted_delay;
+            }
+            self.session_mut(session)?.held.insert(name.clone());
+            grants.push(Grant {
+                name,
+                session,
+                token,
+                slot,
+            });
+            return Ok(Reply::Acquired {
+                token,
+                reacquired: false,
+                slot,
+            });
+        }
         if !wait {
             return Ok(Reply::WouldBlock {
-                holder_token: lock.holder.map(|h| h.token),
+                holder_token: lock.newest_token(),
             });
         }
         if lock.waiters.len() >= MAX_WAITERS_PER_LOCK {
@@ -333,6 +453,8 @@ impl LockMachine {
         lock.waiters.push_back(Waiter {
             session,
             lock_delay_ms,
+            mode,
+            value: claim.value().into(),
         });
         let position = lock.waiters.len();
         self.session_mut(session)?.waiting.insert(name);
@@ -357,49 +479,55 @@ impl LockMachine {
             .locks
             .get_mut(&name)
             .ok_or_else(|| MachineError::NoSuchLock { name: name.clone() })?;
-        let holder = match lock.holder {
-            Some(h) if h.session == session => h,
-            _ => return Err(MachineError::NotHolder { name }),
+        let Some(at) = lock.holders.iter().position(|h| h.session == session) else {
+            return Err(MachineError::NotHolder { name });
         };
-        if holder.token != token {
+        let held = lock.holders[at].token;
+        if held != token {
             return Err(MachineError::StaleToken {
                 presented: token,
-                current: holder.token,
+                current: held,
             });
         }
         // Granted by this very entry: the session cannot have learnt the token
         // yet, so this is a guess. Refusing it is what keeps an entry from
         // granting one lock twice (see `ConflictKey`).
-        if holder.token.get() == index {
+        if held.get() == index {
             return Err(MachineError::NotHolder { name });
         }
-        lock.holder = None;
+        lock.holders.remove(at);
         let s = self.session_mut(session)?;
         s.held.remove(&name);
         s.remember_release(name.clone(), token);
-        self.grant_next_or_free(index, &name, grants);
+        self.grant_ready(index, &name, grants);
         Ok(Reply::Released { retried: false })
     }
 
-    fn cancel_wait(&mut self, session: SessionId, name: String) -> Outcome {
+    fn cancel_wait(
+        &mut self,
+        index: u64,
+        session: SessionId,
+        name: String,
+        grants: &mut Vec<Grant>,
+    ) -> Outcome {
         validate_name(&name)?;
         let s = self.session_mut(session)?;
         if !s.waiting.remove(&name) {
-            let holder = self.locks.get(&name).and_then(|l| l.holder);
+            let holder = self.locks.get(&name).and_then(|l| l.holder_of(session));
             return match holder {
-                Some(h) if h.session == session => {
-                    Err(MachineError::AlreadyGranted { token: h.token })
-                }
-                _ => Err(MachineError::NotWaiting { name }),
+                Some(h) => Err(MachineError::AlreadyGranted { token: h.token }),
+                None => Err(MachineError::NotWaiting { name }),
             };
         }
         let lock = self
             .locks
             .get_mut(&name)
             .expect("a session waits only on existing locks");
-        // The lock is held or in lock-delay (a free lock has no queue), so removing
-        // a waiter never makes it grantable.
         lock.waiters.retain(|w| w.session != session);
+        // For a mutex, a semaphore or an election this grants nothing: whoever
+        // is now first did not fit before either. Readers queued behind a writer
+        // that gave up may fit beside the readers holding the lock.
+        self.grant_ready(index, &name, grants);
         Ok(Reply::WaitCancelled)
     }
 
@@ -421,7 +549,41 @@ impl LockMachine {
             _ => return Err(MachineError::NotInLockDelay { name }),
         };
         lock.delay_since = None;
-        self.grant_next_or_free(index, &name, grants);
+        self.grant_ready(index, &name, grants);
         Ok(Reply::LockDelayEnded)
+    }
+
+    fn proclaim(
+        &mut self,
+        session: SessionId,
+        name: String,
+        token: FencingToken,
+        value: String,
+    ) -> Outcome {
+        validate_name(&name)?;
+        check_value(&value)?;
+        self.session_mut(session)?;
+        let lock = self
+            .locks
+            .get_mut(&name)
+            .ok_or_else(|| MachineError::NoSuchLock { name: name.clone() })?;
+        if lock.shape != Shape::Election {
+            return Err(MachineError::ShapeMismatch {
+                name,
+                held_as: lock.shape,
+                asked: Shape::Election,
+            });
+        }
+        let Some(leader) = lock.holders.iter_mut().find(|h| h.session == session) else {
+            return Err(MachineError::NotHolder { name });
+        };
+        if leader.token != token {
+            return Err(MachineError::StaleToken {
+                presented: token,
+                current: leader.token,
+            });
+        }
+        leader.value = value.into();
+        Ok(Reply::Proclaimed)
     }
 }

@@ -5,6 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::claim::Claim;
 use super::error::MachineError;
 use crate::FencingToken;
 
@@ -116,6 +117,39 @@ pub enum Command {
         /// Which lock it was waiting for.
         name: String,
     },
+    /// Take a permit of a semaphore, a read or write lock, or an election's
+    /// leadership, or queue for it: [`Command::Acquire`] for every
+    /// [`Claim`] (an `Acquire` is a `Claim` of [`Claim::Lock`]). Released,
+    /// cancelled and ended like any lock.
+    ///
+    /// A variant of its own, so that a node of an older version stops at it
+    /// rather than skip fields it does not know and diverge.
+    Claim {
+        /// Who asks.
+        session: SessionId,
+        /// Which name.
+        name: String,
+        /// What it asks of the name.
+        claim: Claim,
+        /// Queue if the claim does not fit now, instead of answering
+        /// [`Reply::WouldBlock`].
+        wait: bool,
+        /// As for [`Command::Acquire`]; only an exclusive claim may ask one.
+        lock_delay_ms: u64,
+    },
+    /// The leader of an election changes the value observers see. Only the
+    /// leader, presenting its token, may.
+    Proclaim {
+        /// Who proclaims.
+        session: SessionId,
+        /// Which election.
+        name: String,
+        /// The leader's token.
+        #[serde(with = "super::wire::token")]
+        token: FencingToken,
+        /// The new value, at most [`MAX_VALUE_LEN`](super::claim::MAX_VALUE_LEN) bytes.
+        value: String,
+    },
     /// The leader's lock-delay timer for `name` ran out: the lock goes to its first
     /// waiter or becomes free.
     EndLockDelay {
@@ -166,6 +200,19 @@ impl Command {
                 lock_delay_ms,
                 ..
             } => check_acquire_input(name, *lock_delay_ms),
+            Command::Claim {
+                name,
+                claim,
+                lock_delay_ms,
+                ..
+            } => {
+                check_acquire_input(name, *lock_delay_ms)?;
+                claim.check(*lock_delay_ms)
+            }
+            Command::Proclaim { name, value, .. } => {
+                crate::limits::validate_name(name)?;
+                super::claim::check_value(value)
+            }
             Command::Release { name, .. }
             | Command::CancelWait { name, .. }
             | Command::EndLockDelay { name, .. } => Ok(crate::limits::validate_name(name)?),
@@ -184,6 +231,8 @@ impl Command {
             Command::ExpireSession { .. } => CommandKind::ExpireSession,
             Command::ExpireInBatch { .. } => CommandKind::ExpireInBatch,
             Command::Acquire { .. } => CommandKind::Acquire,
+            Command::Claim { .. } => CommandKind::Claim,
+            Command::Proclaim { .. } => CommandKind::Proclaim,
             Command::Release { .. } => CommandKind::Release,
             Command::CancelWait { .. } => CommandKind::CancelWait,
             Command::EndLockDelay { .. } => CommandKind::EndLockDelay,
@@ -197,6 +246,8 @@ impl Command {
             Command::CloseSession { .. } | Command::ExpireSession { .. } => ConflictKey::Exclusive,
             Command::ExpireInBatch { .. }
             | Command::Acquire { .. }
+            | Command::Claim { .. }
+            | Command::Proclaim { .. }
             | Command::Release { .. }
             | Command::CancelWait { .. }
             | Command::EndLockDelay { .. } => ConflictKey::Shared,
@@ -239,6 +290,10 @@ pub struct Grant {
     /// The fencing token: the index of the entry that made the grant.
     #[serde(with = "super::wire::token")]
     pub token: FencingToken,
+    /// The semaphore slot granted (`0` for every other shape): a resource
+    /// fenced per permit keys its fence by `(name, slot)`.
+    #[serde(default)]
+    pub slot: u32,
 }
 
 /// A lock that entered lock-delay because its holder's session expired. The
@@ -282,6 +337,9 @@ pub enum Reply {
         /// `true` when the session already held the lock and this is the same grant
         /// returned again (a retried request), not a new one.
         reacquired: bool,
+        /// The semaphore slot (`0` for every other shape).
+        #[serde(default)]
+        slot: u32,
     },
     /// The session waits in the lock's FIFO queue; the grant will come as an
     /// [`Applied::grants`] entry of some later command.
@@ -291,7 +349,7 @@ pub enum Reply {
     },
     /// The lock is unavailable and the caller did not want to wait. Nothing changed.
     WouldBlock {
-        /// The current holder's token, or `None` while the lock is in lock-delay.
+        /// The newest holder's token, or `None` while the lock is in lock-delay.
         #[serde(with = "super::wire::opt_token")]
         holder_token: Option<FencingToken>,
     },
@@ -306,6 +364,8 @@ pub enum Reply {
     WaitCancelled,
     /// [`Command::EndLockDelay`] succeeded.
     LockDelayEnded,
+    /// [`Command::Proclaim`] succeeded: observers now see the new value.
+    Proclaimed,
 }
 
 /// What one command did: its answer, or why it was refused.
@@ -340,6 +400,10 @@ pub enum CommandKind {
     ExpireInBatch,
     /// [`Command::Acquire`].
     Acquire,
+    /// [`Command::Claim`].
+    Claim,
+    /// [`Command::Proclaim`].
+    Proclaim,
     /// [`Command::Release`].
     Release,
     /// [`Command::CancelWait`].
@@ -350,12 +414,14 @@ pub enum CommandKind {
 
 impl CommandKind {
     /// Every kind, each at its [`index`](Self::index).
-    pub const ALL: [CommandKind; 8] = [
+    pub const ALL: [CommandKind; 10] = [
         CommandKind::CreateSession,
         CommandKind::CloseSession,
         CommandKind::ExpireSession,
         CommandKind::ExpireInBatch,
         CommandKind::Acquire,
+        CommandKind::Claim,
+        CommandKind::Proclaim,
         CommandKind::Release,
         CommandKind::CancelWait,
         CommandKind::EndLockDelay,
@@ -375,6 +441,8 @@ impl CommandKind {
             CommandKind::ExpireSession => "expire_session",
             CommandKind::ExpireInBatch => "expire_in_batch",
             CommandKind::Acquire => "acquire",
+            CommandKind::Claim => "claim",
+            CommandKind::Proclaim => "proclaim",
             CommandKind::Release => "release",
             CommandKind::CancelWait => "cancel_wait",
             CommandKind::EndLockDelay => "end_lock_delay",
@@ -402,7 +470,9 @@ const _: () = {
             CommandKind::CloseSession => Some(CommandKind::ExpireSession),
             CommandKind::ExpireSession => Some(CommandKind::ExpireInBatch),
             CommandKind::ExpireInBatch => Some(CommandKind::Acquire),
-            CommandKind::Acquire => Some(CommandKind::Release),
+            CommandKind::Acquire => Some(CommandKind::Claim),
+            CommandKind::Claim => Some(CommandKind::Proclaim),
+            CommandKind::Proclaim => Some(CommandKind::Release),
             CommandKind::Release => Some(CommandKind::CancelWait),
             CommandKind::CancelWait => Some(CommandKind::EndLockDelay),
             CommandKind::EndLockDelay => None,

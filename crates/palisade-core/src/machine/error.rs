@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::claim::Shape;
 use super::command::SessionId;
 use crate::{FencingToken, InputError};
 
@@ -113,6 +114,53 @@ pub enum MachineError {
     /// [`Command::conflict_key`]: super::Command::conflict_key
     #[error("command conflicts with an earlier command in the same log entry")]
     BatchConflict,
+    /// A claim of one shape on a name that is another (a read lock on a mutex,
+    /// a semaphore of 3 on one of 5, a value proclaimed on a plain lock).
+    #[error("{name:?} is a {held_as}, not a {asked}")]
+    ShapeMismatch {
+        /// The name.
+        name: String,
+        /// What it is, as its first claim made it.
+        held_as: Shape,
+        /// What the command took it for.
+        asked: Shape,
+    },
+    /// A session asks for a name in one mode while it holds or waits for it in
+    /// the other (a reader asking to write): there is no upgrade in place.
+    #[error(
+        "this session already holds or waits for {name:?} as {mode:?}; release it (or cancel the wait) and claim again"
+    )]
+    HeldInOtherMode {
+        /// The name.
+        name: String,
+        /// The mode the session holds or waits in.
+        mode: super::claim::Mode,
+    },
+    /// A semaphore of no permits, or of more than
+    /// [`MAX_PERMITS`](super::claim::MAX_PERMITS).
+    #[error("a semaphore has 1 to {limit} permits, not {permits}")]
+    BadPermits {
+        /// The rejected count.
+        permits: u32,
+        /// The limit.
+        limit: u32,
+    },
+    /// A lock-delay asked by a shared claim (a permit, a read lock).
+    #[error(
+        "a lock-delay keeps the whole name unavailable after its holder expired; only an exclusive holder may ask for one, not a holder of a {shape}'s shared grant"
+    )]
+    LockDelayNeedsExclusive {
+        /// The shape of the claim.
+        shape: Shape,
+    },
+    /// An election value over [`MAX_VALUE_LEN`](super::claim::MAX_VALUE_LEN) bytes.
+    #[error("election value is {len} bytes long; the limit is {limit}")]
+    ValueTooLong {
+        /// Length of the rejected value, in bytes.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl From<InputError> for MachineError {

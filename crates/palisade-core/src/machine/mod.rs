@@ -4,7 +4,9 @@
 //! # What is in here, and what is not
 //!
 //! [`LockMachine`] holds sessions (id, TTL, label, what each holds and waits for)
-//! and locks (holder, fencing token, FIFO queue of waiters, lock-delay). It changes
+//! and locks (shape, holders with their fencing tokens, FIFO queue of waiters,
+//! lock-delay). A lock is a mutex unless the claim that created it made it a
+//! semaphore, a read/write lock or an election (see [`claim`]). It changes
 //! only through [`LockMachine::apply`], one committed log entry at a time, and every
 //! replica that applies the same entries in the same order ends in the same state,
 //! byte for byte ([`LockMachine::to_snapshot_bytes`] uses ordered maps and queues
@@ -26,15 +28,19 @@
 //!
 //! The token of a grant is the index of the log entry that made it: an
 //! [`Command::Acquire`] that found the lock free, or the release, session end or
-//! end of lock-delay that handed the lock to the next waiter. (A cancelled wait
-//! never grants: a lock with a queue is always held or in lock-delay, so removing a
-//! waiter cannot make it available.)
+//! end of lock-delay that handed the lock to the next waiter(s), or the
+//! cancelled wait of a writer that let the readers queued behind it in. (For
+//! a mutex, a semaphore and an election a cancelled wait never grants: whoever
+//! is first in line never fits, so removing a waiter cannot make room.)
 //! Raft indices are unique, strictly increasing and durable on a majority before
 //! anyone learns of the grant, so tokens need no counter of their own that could be
 //! lost or reset: a token is never issued twice after any crash of any number of
 //! nodes. One entry can hand several *different* locks to waiters at once (a
-//! session that held three locks ends); those grants share the entry's index, and
-//! every later grant of any lock has a strictly larger token.
+//! session that held three locks ends), or one read/write lock to several
+//! readers, or several permits of one semaphore (in different slots); those
+//! grants share the entry's index, and every later grant of any lock has a
+//! strictly larger token. No hold granted by an entry ends in that entry, so
+//! holders that share a token hold at the same time.
 //!
 //! # Input
 //!
@@ -44,6 +50,7 @@
 //! index that does not increase, which is a bug in the caller, not bad input.
 
 mod apply;
+pub mod claim;
 mod command;
 mod error;
 mod snapshot;
@@ -54,13 +61,14 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+pub use claim::{Claim, Mode, Shape};
 pub use command::{
     Applied, Command, CommandKind, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId,
     SessionOwner,
 };
 pub use error::{InvariantViolation, MachineError, SnapshotError};
 pub use state::{LockMachine, RELEASES_REMEMBERED};
-pub use view::{LockView, MachineCounts, SessionView, TokenCheck};
+pub use view::{HolderView, LockView, MachineCounts, SessionView, TokenCheck};
 
 /// Most waiters one lock may queue. Bounds the memory a single hot lock can take
 /// and the length of a snapshot; a queue this long is a design problem upstream.

@@ -1,39 +1,133 @@
 //! The snapshot form of a [`LockMachine`]: what a Raft snapshot carries, what a
 //! node keeps on disk and what a new follower receives.
 //!
-//! Format 3 (this version writes it): the 8 bytes `PLSDSNAP`, a little-endian
+//! Format 4 (this version writes it): the 8 bytes `PLSDSNAP`, a little-endian
 //! `u32` format number, then a `postcard` body: the last applied index, every
-//! session (id, TTL, label, owner, its last releases) and every lock (name, holder and token,
-//! lock-delay, waiters), each in key order. The per-session mirrors of the lock
+//! session (id, TTL, label, owner, its last releases) and every lock (name,
+//! shape, holders with their tokens, modes, slots and values, lock-delay,
+//! waiters), each in key order. The per-session mirrors of the lock
 //! table (what each session holds and waits for) are not stored: they are
 //! rebuilt from the lock table on load, which halves the size and makes a
 //! snapshot whose mirrors disagree with its locks impossible to write. A
 //! million held locks take about 30 MB.
 //!
-//! Format 2 (earlier versions) is format 3 without the sessions' releases; it
-//! still loads, as sessions that remember no release. Format 1 (earlier still):
+//! Format 3 (earlier versions) is format 4 from before the recipes: each lock
+//! a mutex with at most one holder; it loads as mutexes. Format 2 is format 3
+//! without the sessions' releases; it still loads, as sessions that remember no
+//! release. Format 1 (earlier still):
 //! the machine as one JSON object. It still loads too, so a node upgraded in
-//! place keeps its state; the next snapshot it takes is format 3. A format number this version does not know is refused by name
+//! place keeps its state; the next snapshot it takes is format 4. A format number this version does not know is refused by name
 //! rather than guessed at.
 //!
 //! Both forms are deterministic: replicas with equal states write equal bytes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+
+use imbl::OrdMap;
 
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::MAX_SESSIONS;
+use super::claim::{Mode, Shape};
 use super::command::{SessionId, SessionOwner};
 use super::error::{InvariantViolation, SnapshotError};
-use super::state::{LockMachine, LockState, Release, SessionState};
+use super::state::{Holder, LockMachine, LockState, Release, SessionState, Waiter};
+use super::wire;
+use crate::FencingToken;
 
 /// Starts every snapshot of format 2 and later.
 const MAGIC: &[u8; 8] = b"PLSDSNAP";
 /// The format this version writes.
-const FORMAT: u32 = 3;
-/// The format before it, still read.
+const FORMAT: u32 = 4;
+/// The formats before it, still read.
+const FORMAT_3: u32 = 3;
 const FORMAT_2: u32 = 2;
+
+/// A lock as formats 1 to 3 stored it: a mutex, held or in lock-delay.
+#[derive(Serialize, Deserialize)]
+struct MutexRecord {
+    holder: Option<MutexHolder>,
+    lock_delay_ms: u64,
+    delay_since: Option<u64>,
+    waiters: VecDeque<MutexWaiter>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MutexHolder {
+    session: SessionId,
+    #[serde(with = "wire::token")]
+    token: FencingToken,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MutexWaiter {
+    session: SessionId,
+    lock_delay_ms: u64,
+}
+
+impl From<MutexRecord> for LockState {
+    fn from(old: MutexRecord) -> LockState {
+        LockState {
+            shape: Shape::Mutex,
+            holders: old
+                .holder
+                .into_iter()
+                .map(|h| Holder {
+                    session: h.session,
+                    token: h.token,
+                    mode: Mode::Exclusive,
+                    slot: 0,
+                    value: Box::default(),
+                })
+                .collect(),
+            lock_delay_ms: old.lock_delay_ms,
+            delay_since: old.delay_since,
+            waiters: old
+                .waiters
+                .into_iter()
+                .map(|w| Waiter {
+                    session: w.session,
+                    lock_delay_ms: w.lock_delay_ms,
+                    mode: Mode::Exclusive,
+                    value: Box::default(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl MutexRecord {
+    /// A mutex in the old form (for the tests that old snapshots still load).
+    #[cfg(test)]
+    fn of(lock: &LockState) -> MutexRecord {
+        assert_eq!(lock.shape, Shape::Mutex, "formats 1 to 3 hold only mutexes");
+        MutexRecord {
+            holder: lock.holders.first().map(|h| MutexHolder {
+                session: h.session,
+                token: h.token,
+            }),
+            lock_delay_ms: lock.lock_delay_ms,
+            delay_since: lock.delay_since,
+            waiters: lock
+                .waiters
+                .iter()
+                .map(|w| MutexWaiter {
+                    session: w.session,
+                    lock_delay_ms: w.lock_delay_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The machine as format 1 stored it: one JSON object, mirrors included.
+#[derive(Deserialize)]
+struct Format1 {
+    last_applied: u64,
+    sessions: OrdMap<SessionId, SessionState>,
+    locks: std::collections::BTreeMap<String, MutexRecord>,
+}
 
 /// A session as format 3 stores it (its mirrors are rebuilt).
 #[derive(Serialize, Deserialize)]
@@ -54,12 +148,22 @@ struct SessionRecord2 {
     owner: SessionOwner,
 }
 
-/// The body of format 3 as read.
+/// The body of format 4 (and, with mutex records for locks, 3) as read.
 #[derive(Deserialize)]
-struct Body {
+struct Body<L = LockState> {
     last_applied: u64,
     sessions: Vec<SessionRecord<String, SessionOwner, Vec<Release>>>,
-    locks: Vec<(String, LockState)>,
+    locks: Vec<(String, L)>,
+}
+
+impl From<Body<MutexRecord>> for Body {
+    fn from(b: Body<MutexRecord>) -> Body {
+        Body {
+            last_applied: b.last_applied,
+            sessions: b.sessions,
+            locks: b.locks.into_iter().map(|(n, l)| (n, l.into())).collect(),
+        }
+    }
 }
 
 /// The body of format 2 as read.
@@ -67,7 +171,7 @@ struct Body {
 struct Body2 {
     last_applied: u64,
     sessions: Vec<SessionRecord2>,
-    locks: Vec<(String, LockState)>,
+    locks: Vec<(String, MutexRecord)>,
 }
 
 impl From<Body2> for Body {
@@ -85,12 +189,12 @@ impl From<Body2> for Body {
                     released: Vec::new(),
                 })
                 .collect(),
-            locks: b.locks,
+            locks: b.locks.into_iter().map(|(n, l)| (n, l.into())).collect(),
         }
     }
 }
 
-/// The body of format 3 as written: the same fields, streamed from the
+/// The body of format 4 as written: the same fields, streamed from the
 /// machine's maps without copying them into vectors first, with a call to the
 /// pause hook every [`PAUSE_EVERY`] entries.
 struct BodyOut<'a, P>(&'a LockMachine, std::cell::RefCell<P>);
@@ -147,7 +251,7 @@ impl LockMachine {
         struct Body2Out<'a> {
             last_applied: u64,
             sessions: Vec<(SessionId, u64, &'a str, &'a SessionOwner)>,
-            locks: Vec<(&'a str, &'a LockState)>,
+            locks: Vec<(&'a str, MutexRecord)>,
         }
         let body = Body2Out {
             last_applied: self.last_applied,
@@ -156,12 +260,66 @@ impl LockMachine {
                 .iter()
                 .map(|(id, s)| (*id, s.ttl_ms, s.label.as_str(), &s.owner))
                 .collect(),
-            locks: self.locks.iter().map(|(n, l)| (n.as_str(), l)).collect(),
+            locks: self
+                .locks
+                .iter()
+                .map(|(n, l)| (n.as_str(), MutexRecord::of(l)))
+                .collect(),
         };
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&FORMAT_2.to_le_bytes());
         out.extend_from_slice(&postcard::to_allocvec(&body).expect("to memory"));
         out
+    }
+
+    /// The state in format 3, as the versions before the recipes wrote it
+    /// (mutexes only).
+    #[cfg(test)]
+    pub(super) fn to_format_3_bytes(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Body3Out<'a> {
+            last_applied: u64,
+            sessions: Vec<SessionRecord<&'a str, &'a SessionOwner, &'a Vec<Release>>>,
+            locks: Vec<(&'a str, MutexRecord)>,
+        }
+        let body = Body3Out {
+            last_applied: self.last_applied,
+            sessions: self
+                .sessions
+                .iter()
+                .map(|(id, s)| SessionRecord {
+                    id: *id,
+                    ttl_ms: s.ttl_ms,
+                    label: s.label.as_str(),
+                    owner: &s.owner,
+                    released: &s.released,
+                })
+                .collect(),
+            locks: self
+                .locks
+                .iter()
+                .map(|(n, l)| (n.as_str(), MutexRecord::of(l)))
+                .collect(),
+        };
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&FORMAT_3.to_le_bytes());
+        out.extend_from_slice(&postcard::to_allocvec(&body).expect("to memory"));
+        out
+    }
+
+    /// The state in format 1, the JSON of the first versions (mutexes only).
+    #[cfg(test)]
+    pub(super) fn to_format_1_json(&self) -> serde_json::Value {
+        let locks: serde_json::Map<String, serde_json::Value> = self
+            .locks
+            .iter()
+            .map(|(n, l)| (n.clone(), serde_json::to_value(MutexRecord::of(l)).unwrap()))
+            .collect();
+        serde_json::json!({
+            "last_applied": self.last_applied,
+            "sessions": self.sessions,
+            "locks": locks,
+        })
     }
 
     /// The whole state, `last_applied` included, in the compact snapshot format
@@ -199,6 +357,9 @@ impl LockMachine {
                     .ok_or(SnapshotError::Truncated)?;
                 match u32::from_le_bytes(*format) {
                     FORMAT => Ok(Self::from_body(postcard::from_bytes(body)?)?),
+                    FORMAT_3 => Ok(Self::from_body(
+                        postcard::from_bytes::<Body<MutexRecord>>(body)?.into(),
+                    )?),
                     FORMAT_2 => Ok(Self::from_body(
                         postcard::from_bytes::<Body2>(body)?.into(),
                     )?),
@@ -207,7 +368,17 @@ impl LockMachine {
             }
             // Format 1 is a JSON object; anything else fails to parse as one.
             None => {
-                let mut machine: Self = serde_json::from_slice(bytes)?;
+                let old: Format1 = serde_json::from_slice(bytes)?;
+                let mut machine = LockMachine {
+                    last_applied: old.last_applied,
+                    sessions: old.sessions,
+                    locks: old
+                        .locks
+                        .into_iter()
+                        .map(|(n, l)| (n, LockState::from(l)))
+                        .collect(),
+                    ..LockMachine::default()
+                };
                 machine.recount_owners();
                 machine.check_invariants()?;
                 Ok(machine)
@@ -215,7 +386,7 @@ impl LockMachine {
         }
     }
 
-    /// Builds the machine from a format 3 body, mirrors included, checking
+    /// Builds the machine from a format 4 body, mirrors included, checking
     /// every invariant on the way (the mirrors agree with the lock table by
     /// construction, so the lookups of a full
     /// [`check_invariants`](Self::check_invariants) would be wasted).
@@ -242,7 +413,7 @@ impl LockMachine {
             machine.check_lock(&name, &lock)?;
             let unknown =
                 |who: SessionId| InvariantViolation(format!("session {who} of {name:?} unknown"));
-            if let Some(h) = lock.holder {
+            for h in &lock.holders {
                 let (held, _) = mirrors
                     .get_mut(&h.session)
                     .ok_or_else(|| unknown(h.session))?;

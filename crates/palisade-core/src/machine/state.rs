@@ -3,9 +3,11 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use imbl::OrdMap;
+use smallvec::SmallVec;
 
 use serde::{Deserialize, Serialize};
 
+use super::claim::{MAX_PERMITS, MAX_VALUE_LEN, Mode, Shape};
 use super::command::{SessionId, SessionOwner};
 use super::error::InvariantViolation;
 use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
@@ -83,12 +85,17 @@ impl SessionState {
     }
 }
 
+/// One name's entry: its shape, holders, queue and lock-delay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct LockState {
-    /// `None` only while in lock-delay.
-    pub(super) holder: Option<Holder>,
-    /// The lock-delay that applies if the holder expires (the holder's choice);
-    /// while in lock-delay, the one being served.
+    /// What the name is, fixed by the claim that created the entry.
+    pub(super) shape: Shape,
+    /// In grant order. Empty only while in lock-delay (or, for a read/write
+    /// lock, never: an entry with no holder and no delay is removed).
+    pub(super) holders: SmallVec<[Holder; 1]>,
+    /// The lock-delay that applies if the exclusive holder expires (the
+    /// holder's choice; `0` for shared holders); while in lock-delay, the one
+    /// being served.
     pub(super) lock_delay_ms: u64,
     /// Index of the [`ExpireSession`](super::Command::ExpireSession) entry that
     /// started the current lock-delay.
@@ -96,18 +103,61 @@ pub(super) struct LockState {
     pub(super) waiters: VecDeque<Waiter>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+impl LockState {
+    /// Whether a claim in `mode` fits beside the current holders now (ignoring
+    /// the queue; FIFO is the caller's business).
+    pub(super) fn admits(&self, mode: Mode) -> bool {
+        self.delay_since.is_none()
+            && self.holders.len() < self.shape.capacity()
+            && match mode {
+                Mode::Exclusive => self.holders.is_empty(),
+                Mode::Shared => self.holders.iter().all(|h| h.mode == Mode::Shared),
+            }
+    }
+
+    /// The holder that is `session`, if it holds the name.
+    pub(super) fn holder_of(&self, session: SessionId) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.session == session)
+    }
+
+    /// The newest grant's token, if the name is held at all.
+    pub(super) fn newest_token(&self) -> Option<FencingToken> {
+        self.holders.iter().map(|h| h.token).max()
+    }
+
+    /// The lowest semaphore slot no holder has (`0` for other shapes).
+    pub(super) fn free_slot(&self) -> u32 {
+        match self.shape {
+            Shape::Semaphore { .. } => (0..)
+                .find(|slot| self.holders.iter().all(|h| h.slot != *slot))
+                .expect("fewer holders than u32 slots"),
+            _ => 0,
+        }
+    }
+}
+
+/// A session holding a name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Holder {
     pub(super) session: SessionId,
     #[serde(with = "wire::token")]
     pub(super) token: FencingToken,
+    pub(super) mode: Mode,
+    /// The semaphore slot this grant occupies (`0` for other shapes).
+    pub(super) slot: u32,
+    /// An election leader's value (empty for other shapes).
+    pub(super) value: Box<str>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A session queued for a name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Waiter {
     pub(super) session: SessionId,
     /// Remembered until the grant, when it becomes the lock's lock-delay.
     pub(super) lock_delay_ms: u64,
+    pub(super) mode: Mode,
+    /// A candidate's value (empty for other shapes).
+    pub(super) value: Box<str>,
 }
 
 impl LockMachine {
@@ -173,8 +223,8 @@ impl LockMachine {
         for (id, s) in &self.sessions {
             self.check_session(*id, s)?;
             for name in &s.held {
-                let held = self.locks.get(name).and_then(|l| l.holder);
-                if held.map(|h| h.session) != Some(*id) {
+                let held = self.locks.get(name).and_then(|l| l.holder_of(*id));
+                if held.is_none() {
                     return fail(format!("session {id} thinks it holds {name:?}"));
                 }
             }
@@ -183,7 +233,7 @@ impl LockMachine {
         let mut waits_found = 0;
         for (name, lock) in &self.locks {
             self.check_lock(name, lock)?;
-            if let Some(h) = lock.holder {
+            for h in &lock.holders {
                 let mirrored = self
                     .sessions
                     .get(&h.session)
@@ -261,10 +311,25 @@ impl LockMachine {
         if crate::limits::validate_name(name).is_err() {
             return fail(format!("invalid lock name {name:?}"));
         }
-        if lock.holder.is_some() == lock.delay_since.is_some() {
+        if lock.holders.is_empty() == lock.delay_since.is_none() {
             return fail(format!(
                 "lock {name:?} must be either held or in lock-delay"
             ));
+        }
+        if let Shape::Semaphore { permits } = lock.shape
+            && !(1..=MAX_PERMITS).contains(&permits)
+        {
+            return fail(format!("semaphore {name:?} has {permits} permits"));
+        }
+        if lock.holders.len() > lock.shape.capacity() {
+            return fail(format!(
+                "{name:?}, a {}, has {} holders",
+                lock.shape,
+                lock.holders.len()
+            ));
+        }
+        if lock.holders.len() > 1 && lock.holders.iter().any(|h| h.mode == Mode::Exclusive) {
+            return fail(format!("{name:?} has an exclusive holder beside others"));
         }
         if lock.lock_delay_ms > MAX_LOCK_DELAY_MS {
             return fail(format!(
@@ -275,10 +340,36 @@ impl LockMachine {
         if lock.delay_since.is_some_and(|i| i > self.last_applied) {
             return fail(format!("lock {name:?} lock-delay starts in the future"));
         }
-        if let Some(h) = lock.holder
-            && h.token.get() > self.last_applied
+        let mut holding = BTreeSet::new();
+        let mut slots = BTreeSet::new();
+        for h in &lock.holders {
+            if !holding.insert(h.session) {
+                return fail(format!("session {} holds {name:?} twice", h.session));
+            }
+            if h.token.get() > self.last_applied {
+                return fail(format!("lock {name:?} token {} from the future", h.token));
+            }
+            self.check_claim(name, lock.shape, h.mode, &h.value, 0)?;
+            if h.mode == Mode::Shared && lock.lock_delay_ms > 0 {
+                return fail(format!("{name:?} has shared holders and a lock-delay"));
+            }
+            let slot_ok = match lock.shape {
+                Shape::Semaphore { permits } => h.slot < permits && slots.insert(h.slot),
+                _ => h.slot == 0,
+            };
+            if !slot_ok {
+                return fail(format!("{name:?} holder {} has slot {}", h.session, h.slot));
+            }
+        }
+        // No wake-up is ever lost: whoever is first in line does not fit now
+        // (else the entry that made room would have granted it).
+        if let Some(first) = lock.waiters.front()
+            && lock.admits(first.mode)
         {
-            return fail(format!("lock {name:?} token {} from the future", h.token));
+            return fail(format!(
+                "{name:?} could grant its first waiter {} but did not",
+                first.session
+            ));
         }
         if lock.waiters.len() > MAX_WAITERS_PER_LOCK {
             return fail(format!("lock {name:?} has {} waiters", lock.waiters.len()));
@@ -288,7 +379,7 @@ impl LockMachine {
             if !seen.insert(w.session) {
                 return fail(format!("session {} queued twice for {name:?}", w.session));
             }
-            if lock.holder.is_some_and(|h| h.session == w.session) {
+            if holding.contains(&w.session) {
                 return fail(format!(
                     "session {} holds and waits for {name:?}",
                     w.session
@@ -300,7 +391,36 @@ impl LockMachine {
                     w.lock_delay_ms
                 ));
             }
+            self.check_claim(name, lock.shape, w.mode, &w.value, w.lock_delay_ms)?;
         }
         Ok(())
+    }
+
+    /// A holder's or waiter's claim fits the name's shape: the right mode, a
+    /// value only in an election and within bounds, a lock-delay only when
+    /// exclusive.
+    fn check_claim(
+        &self,
+        name: &str,
+        shape: Shape,
+        mode: Mode,
+        value: &str,
+        lock_delay_ms: u64,
+    ) -> Result<(), InvariantViolation> {
+        let mode_ok = match shape {
+            Shape::Mutex | Shape::Election => mode == Mode::Exclusive,
+            Shape::Semaphore { .. } => mode == Mode::Shared,
+            Shape::ReadWrite => true,
+        };
+        let value_ok =
+            value.len() <= MAX_VALUE_LEN && (shape == Shape::Election || value.is_empty());
+        let delay_ok = mode == Mode::Exclusive || lock_delay_ms == 0;
+        if mode_ok && value_ok && delay_ok {
+            Ok(())
+        } else {
+            Err(InvariantViolation(format!(
+                "{name:?}, a {shape}, has a {mode:?} claim that does not fit it"
+            )))
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::claim::{Mode, Shape};
 use super::command::{Grant, SessionId, SessionOwner};
 use super::state::{LockMachine, LockState, SessionState};
 use crate::FencingToken;
@@ -12,11 +13,19 @@ use crate::FencingToken;
 pub struct LockView {
     /// The lock's name.
     pub name: String,
-    /// The holding session; `None` only while in lock-delay.
+    /// What the name is (a mutex unless a recipe's claim made it).
+    #[serde(default = "mutex")]
+    pub shape: Shape,
+    /// The holding session (for a shape with several holders, the newest);
+    /// `None` only while in lock-delay.
     pub holder: Option<SessionId>,
-    /// The holder's fencing token; `None` only while in lock-delay.
+    /// That holder's fencing token; `None` only while in lock-delay.
     #[serde(with = "super::wire::opt_token")]
     pub token: Option<FencingToken>,
+    /// Every holder, in grant order: one for a mutex or an election, up to the
+    /// permits for a semaphore, the readers or the writer of a read/write lock.
+    #[serde(default)]
+    pub holders: Vec<HolderView>,
     /// Queued sessions, next in line first.
     pub waiters: Vec<SessionId>,
     /// The holder's session expired and the lock is kept unavailable until the
@@ -27,6 +36,26 @@ pub struct LockView {
     pub lock_delay_ms: u64,
     /// Index of the entry that started the current lock-delay, if any.
     pub lock_delay_since: Option<u64>,
+}
+
+fn mutex() -> Shape {
+    Shape::Mutex
+}
+
+/// One holder of a name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderView {
+    /// The holding session.
+    pub session: SessionId,
+    /// Its grant's fencing token.
+    #[serde(with = "super::wire::token")]
+    pub token: FencingToken,
+    /// Alone (mutex, writer, leader) or shared (permit, reader).
+    pub mode: Mode,
+    /// Its semaphore slot (`0` for other shapes).
+    pub slot: u32,
+    /// An election leader's value (empty for other shapes).
+    pub value: String,
 }
 
 /// One session as seen from outside.
@@ -76,10 +105,23 @@ pub enum TokenCheck {
 }
 
 fn lock_view(name: &str, lock: &LockState) -> LockView {
+    let newest = lock.holders.iter().max_by_key(|h| h.token);
     LockView {
         name: name.to_owned(),
-        holder: lock.holder.map(|h| h.session),
-        token: lock.holder.map(|h| h.token),
+        shape: lock.shape,
+        holder: newest.map(|h| h.session),
+        token: newest.map(|h| h.token),
+        holders: lock
+            .holders
+            .iter()
+            .map(|h| HolderView {
+                session: h.session,
+                token: h.token,
+                mode: h.mode,
+                slot: h.slot,
+                value: h.value.to_string(),
+            })
+            .collect(),
         waiters: lock.waiters.iter().map(|w| w.session).collect(),
         in_lock_delay: lock.delay_since.is_some(),
         lock_delay_ms: lock.lock_delay_ms,
@@ -121,7 +163,7 @@ impl LockMachine {
             ..MachineCounts::default()
         };
         for lock in self.locks.values() {
-            counts.held += u64::from(lock.holder.is_some());
+            counts.held += u64::from(!lock.holders.is_empty());
             counts.in_lock_delay += u64::from(lock.delay_since.is_some());
             counts.waiters += lock.waiters.len() as u64;
         }
@@ -187,13 +229,18 @@ impl LockMachine {
             .collect()
     }
 
-    /// Whether `token` is the current grant of lock `name`.
+    /// Whether `token` is a current grant of lock `name` (for a shape with
+    /// several holders, any one's).
     pub fn check_token(&self, name: &str, token: FencingToken) -> TokenCheck {
-        let current = self.locks.get(name).and_then(|l| l.holder).map(|h| h.token);
-        if current == Some(token) {
+        let Some(lock) = self.locks.get(name) else {
+            return TokenCheck::Stale { current: None };
+        };
+        if lock.holders.iter().any(|h| h.token == token) {
             TokenCheck::Current
         } else {
-            TokenCheck::Stale { current }
+            TokenCheck::Stale {
+                current: lock.newest_token(),
+            }
         }
     }
 
@@ -206,11 +253,12 @@ impl LockMachine {
         s.held
             .iter()
             .filter_map(|name| {
-                let h = self.locks.get(name)?.holder?;
+                let h = self.locks.get(name)?.holder_of(session)?;
                 Some(Grant {
                     name: name.clone(),
                     session,
                     token: h.token,
+                    slot: h.slot,
                 })
             })
             .collect()

@@ -749,6 +749,7 @@ mod tests {
         Grant {
             name: name.into(),
             session: SessionId(session),
+            slot: 0,
             token: FencingToken::new(token).expect("nonzero"),
         }
     }

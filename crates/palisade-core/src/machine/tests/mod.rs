@@ -2,6 +2,7 @@
 //! over random command sequences.
 
 mod proptests;
+mod recipes;
 mod unit;
 
 use super::*;
@@ -108,5 +109,15 @@ fn end_delay(name: &str) -> Command {
     Command::EndLockDelay {
         name: name.to_owned(),
         since: None,
+    }
+}
+
+fn claim(session: SessionId, name: &str, claim: Claim, wait: bool) -> Command {
+    Command::Claim {
+        session,
+        name: name.to_owned(),
+        claim,
+        wait,
+        lock_delay_ms: 0,
     }
 }

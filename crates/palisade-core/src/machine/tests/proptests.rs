@@ -10,7 +10,8 @@ use proptest::test_runner::FileFailurePersistence;
 
 use super::*;
 
-const NAMES: [&str; 3] = ["a", "b", "c"];
+/// A mutex, a semaphore of two, a read/write lock and an election.
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
 /// A command in terms of "the k-th session ever created" and "the k-th lock", so
 /// that shrinking keeps sequences meaningful.
@@ -25,6 +26,9 @@ enum Op {
         lock: usize,
         wait: bool,
         delay: bool,
+        /// Which claim on the name: mostly one that fits its shape (for the
+        /// read/write lock, a read or a write), sometimes one that does not.
+        kind: u8,
     },
     Release {
         who: usize,
@@ -47,8 +51,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => who.clone().prop_map(Op::Close),
         1 => who.clone().prop_map(Op::Expire),
         2 => who.clone().prop_map(Op::ExpireInBatch),
-        8 => (who.clone(), lock.clone(), any::<bool>(), any::<bool>())
-            .prop_map(|(who, lock, wait, delay)| Op::Acquire { who, lock, wait, delay }),
+        8 => (who.clone(), lock.clone(), any::<bool>(), any::<bool>(), 0..10u8)
+            .prop_map(|(who, lock, wait, delay, kind)| Op::Acquire { who, lock, wait, delay, kind }),
         4 => (who.clone(), lock.clone(), prop::bool::weighted(0.8), any::<u64>())
             .prop_map(|(who, lock, current, raw)| Op::Release { who, lock, current, raw }),
         1 => (who, lock.clone()).prop_map(|(who, lock)| Op::Cancel { who, lock }),
@@ -62,6 +66,25 @@ fn lock_name(lock: usize) -> String {
         String::new()
     } else {
         NAMES[lock % NAMES.len()].to_owned()
+    }
+}
+
+/// The claim an [`Op::Acquire`] makes on `name`.
+fn claim_on(name: &str, kind: u8) -> Claim {
+    let fitting = match name {
+        "b" => Claim::Permit { permits: 2 },
+        "c" if kind.is_multiple_of(2) => Claim::Read,
+        "c" => Claim::Write,
+        "d" => Claim::Lead {
+            value: format!("v{kind}"),
+        },
+        _ => Claim::Lock,
+    };
+    match kind {
+        // One in ten does not fit: another shape, or another permit count.
+        9 if name == "b" => Claim::Permit { permits: 3 },
+        9 => Claim::Permit { permits: 2 },
+        _ => fitting,
     }
 }
 
@@ -88,12 +111,31 @@ fn command(op: &Op, ids: &[SessionId], m: &LockMachine) -> Command {
             lock,
             wait,
             delay,
-        } => Command::Acquire {
-            session: pick(who),
-            name: lock_name(lock),
-            wait,
-            lock_delay_ms: if delay { 1_000 } else { 0 },
-        },
+            kind,
+        } => {
+            let name = lock_name(lock);
+            let claim = claim_on(&name, kind);
+            // Shared claims mostly ask no lock-delay (the refusal is tested
+            // once in a while).
+            let delay = delay && (claim.mode() == Mode::Exclusive || kind == 0);
+            let lock_delay_ms = if delay { 1_000 } else { 0 };
+            if claim == Claim::Lock {
+                Command::Acquire {
+                    session: pick(who),
+                    name,
+                    wait,
+                    lock_delay_ms,
+                }
+            } else {
+                Command::Claim {
+                    session: pick(who),
+                    name,
+                    claim,
+                    wait,
+                    lock_delay_ms,
+                }
+            }
+        }
         Op::Release {
             who,
             lock,
@@ -101,13 +143,17 @@ fn command(op: &Op, ids: &[SessionId], m: &LockMachine) -> Command {
             raw,
         } => {
             let name = lock_name(lock);
-            let held = m.get(&name).and_then(|v| v.token);
+            let session = pick(who);
+            let held = m
+                .get(&name)
+                .and_then(|v| v.holders.into_iter().find(|h| h.session == session))
+                .map(|h| h.token);
             let token = match held {
                 Some(t) if current => t,
                 _ => tok(raw % (m.last_applied() + 2) + 1),
             };
             Command::Release {
-                session: pick(who),
+                session,
                 name,
                 token,
             }
@@ -123,11 +169,118 @@ fn command(op: &Op, ids: &[SessionId], m: &LockMachine) -> Command {
     }
 }
 
-fn holders(m: &LockMachine) -> BTreeMap<String, (SessionId, FencingToken)> {
+/// Who holds each name, with which token: what the outputs say, replayed.
+type Model = BTreeMap<String, BTreeMap<SessionId, FencingToken>>;
+
+fn holders(m: &LockMachine) -> Model {
     m.list()
         .into_iter()
-        .filter_map(|v| Some((v.name, (v.holder?, v.token?))))
+        .filter(|v| !v.holders.is_empty())
+        .map(|v| {
+            let held = v.holders.iter().map(|h| (h.session, h.token)).collect();
+            (v.name, held)
+        })
         .collect()
+}
+
+/// Exclusion, from each name's shape rather than the machine's own
+/// bookkeeping: one holder of a mutex and of an election, `permits` of a
+/// semaphore, a writer alone.
+fn check_exclusion(m: &LockMachine) -> Result<(), TestCaseError> {
+    for v in m.list() {
+        let writers = v
+            .holders
+            .iter()
+            .filter(|h| h.mode == Mode::Exclusive)
+            .count();
+        let most = match v.shape {
+            Shape::Semaphore { permits } => permits as usize,
+            Shape::ReadWrite if writers == 0 => usize::MAX,
+            _ => 1,
+        };
+        prop_assert!(
+            v.holders.len() <= most,
+            "{} has {} holders",
+            v.name,
+            v.holders.len()
+        );
+    }
+    Ok(())
+}
+
+/// Replays on the model what one command's answer says was given back.
+fn replay_releases(cmd: &Command, reply: &Reply, model: &mut Model) -> Result<(), TestCaseError> {
+    let mut drop = |name: &str, session: SessionId| -> Result<(), TestCaseError> {
+        let held = model.get_mut(name);
+        prop_assert!(
+            held.is_some_and(|h| h.remove(&session).is_some()),
+            "{} gave back {} it did not hold",
+            session,
+            name
+        );
+        if model[name].is_empty() {
+            model.remove(name);
+        }
+        Ok(())
+    };
+    match (cmd, reply) {
+        (Command::Release { name, session, .. }, Reply::Released { retried: false }) => {
+            drop(name, *session)?;
+        }
+        (
+            _,
+            Reply::SessionEnded {
+                released, session, ..
+            },
+        ) => {
+            for name in released {
+                drop(name, *session)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Checks one grant against the model and records it: a session is granted a
+/// name it does not hold, the token is the entry's index, above every grant of
+/// earlier entries.
+fn record_grant(
+    g: &Grant,
+    index: u64,
+    max_token: u64,
+    model: &mut Model,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(g.token.get(), index);
+    prop_assert!(
+        g.token.get() > max_token,
+        "token {} not increasing",
+        g.token
+    );
+    let held = model.entry(g.name.clone()).or_default();
+    prop_assert!(
+        held.insert(g.session, g.token).is_none(),
+        "{} granted {} it already held",
+        g.session,
+        g.name
+    );
+    Ok(())
+}
+
+/// The session that gave up waiting for `lock`, if `cmd` is that.
+fn cancelled(cmd: &Command, lock: &str) -> Option<SessionId> {
+    match cmd {
+        Command::CancelWait { session, name } if name == lock => Some(*session),
+        _ => None,
+    }
+}
+
+/// The session a command acts for, if any.
+fn actor(cmd: &Command) -> Option<SessionId> {
+    match cmd {
+        Command::Acquire { session, .. } | Command::Claim { session, .. } => Some(*session),
+        _ => None,
+    }
 }
 
 /// Everything that must hold after one step, given the state before it.
@@ -136,7 +289,7 @@ fn check_step(
     post: &LockMachine,
     cmd: &Command,
     applied: &Applied,
-    model: &mut BTreeMap<String, (SessionId, FencingToken)>,
+    model: &mut Model,
     max_token: &mut u64,
 ) -> Result<(), TestCaseError> {
     let index = applied.index;
@@ -153,71 +306,25 @@ fn check_step(
     };
 
     // Idempotent acquire: the holder asking again gets the same grant, nothing moves.
-    if let Command::Acquire { session, name, .. } = cmd
-        && let Some(v) = pre.get(name).filter(|v| v.holder == Some(*session))
+    if let Command::Acquire { session, name, .. } | Command::Claim { session, name, .. } = cmd
+        && let Some(h) = pre
+            .get(name)
+            .and_then(|v| v.holders.into_iter().find(|h| h.session == *session))
     {
         prop_assert_eq!(
             reply,
             &Reply::Acquired {
-                token: v.token.unwrap(),
-                reacquired: true
+                token: h.token,
+                reacquired: true,
+                slot: h.slot,
             }
         );
         prop_assert!(applied.grants.is_empty());
     }
 
-    // Observable holders: what the outputs say, replayed on a model.
-    match (cmd, reply) {
-        (Command::Release { name, .. }, Reply::Released { retried: false }) => {
-            prop_assert!(model.remove(name).is_some());
-        }
-        (_, Reply::SessionEnded { released, .. }) => {
-            for name in released {
-                prop_assert!(model.remove(name).is_some());
-            }
-        }
-        _ => {}
-    }
-    let mut names_granted = Vec::new();
+    replay_releases(cmd, reply, model)?;
     for g in &applied.grants {
-        // Tokens: the entry's index, above every earlier entry's grants.
-        prop_assert_eq!(g.token.get(), index);
-        prop_assert!(
-            g.token.get() > *max_token,
-            "token {} not increasing",
-            g.token
-        );
-        prop_assert!(
-            !names_granted.contains(&g.name),
-            "two grants of one lock in one entry"
-        );
-        names_granted.push(g.name.clone());
-        // At most one holder: the lock must be free in the observable history.
-        prop_assert!(
-            !model.contains_key(&g.name),
-            "{} granted while held by {:?}",
-            g.name,
-            model[&g.name]
-        );
-        model.insert(g.name.clone(), (g.session, g.token));
-
-        // FIFO: a hand-off goes to the first waiter that is still alive; a fresh
-        // grant only to the acquirer of a free lock.
-        match pre.get(&g.name) {
-            Some(before) => {
-                let first = before
-                    .waiters
-                    .iter()
-                    .copied()
-                    .find(|w| post.session(*w).is_some());
-                prop_assert_eq!(Some(g.session), first, "grant out of FIFO order");
-            }
-            None => {
-                let by_acquirer =
-                    matches!(cmd, Command::Acquire { session, .. } if *session == g.session);
-                prop_assert!(by_acquirer, "free lock granted by {:?}", cmd);
-            }
-        }
+        record_grant(g, index, *max_token, model)?;
     }
     if !applied.grants.is_empty() {
         *max_token = index;
@@ -227,6 +334,39 @@ fn check_step(
         model,
         "holders changed without a grant or release"
     );
+    check_exclusion(post)?;
+
+    // FIFO: the waiters granted are the front of the queue as it was (those
+    // still alive, in order); anyone else granted is the claimer itself.
+    for lock in NAMES {
+        let to_lock: Vec<SessionId> = applied
+            .grants
+            .iter()
+            .filter(|g| g.name == lock)
+            .map(|g| g.session)
+            .collect();
+        let before = pre.get(lock).map(|v| v.waiters).unwrap_or_default();
+        let (from_queue, fresh): (Vec<SessionId>, Vec<SessionId>) =
+            to_lock.iter().partition(|s| before.contains(s));
+        let alive: Vec<SessionId> = before
+            .iter()
+            .copied()
+            .filter(|w| post.session(*w).is_some() && Some(*w) != cancelled(cmd, lock))
+            .collect();
+        prop_assert_eq!(
+            &from_queue[..],
+            &alive[..from_queue.len()],
+            "{} granted out of FIFO order",
+            lock
+        );
+        prop_assert!(
+            fresh.len() <= 1 && fresh.iter().all(|s| Some(*s) == actor(cmd)),
+            "{} granted to {:?} by {:?}",
+            lock,
+            fresh,
+            cmd
+        );
+    }
 
     // Queue order: survivors keep their relative order; newcomers only at the back.
     for lock in NAMES {
@@ -355,36 +495,29 @@ proptest! {
             prop_assert_eq!(a.last_applied(), index);
             let mut granted = Vec::new();
             for (cmd, ap) in cmds.iter().zip(&applied) {
-                match (cmd, &ap.outcome) {
-                    (Command::Release { name, .. }, Ok(Reply::Released { retried: false })) => {
-                        prop_assert!(model.remove(name).is_some());
-                    }
-                    (_, Ok(Reply::SessionEnded { released, .. })) => {
-                        for name in released {
-                            prop_assert!(model.remove(name).is_some());
-                        }
-                    }
-                    (_, Ok(Reply::SessionCreated { session })) => ids.push(*session),
-                    _ => {}
+                match &ap.outcome {
+                    Ok(Reply::SessionCreated { session }) => ids.push(*session),
+                    Ok(reply) => replay_releases(cmd, reply, &mut model)?,
+                    Err(_) => {}
                 }
                 for g in &ap.grants {
-                    prop_assert_eq!(g.token.get(), index);
-                    prop_assert!(g.token.get() > max_token, "token {} not increasing", g.token);
-                    prop_assert!(
-                        !granted.contains(&g.name),
-                        "entry {} granted {} twice",
-                        index,
-                        g.name
-                    );
-                    granted.push(g.name.clone());
-                    prop_assert!(!model.contains_key(&g.name), "{} granted while held", g.name);
-                    model.insert(g.name.clone(), (g.session, g.token));
+                    record_grant(g, index, max_token, &mut model)?;
+                    granted.push(g.clone());
                 }
+            }
+            // No hold this entry granted also ended in it: so two holders that
+            // share the entry's token held at once (readers, permits in
+            // different slots), and an exclusive name was granted once.
+            let now = holders(&a);
+            for g in &granted {
+                let kept = now.get(&g.name).and_then(|h| h.get(&g.session));
+                prop_assert_eq!(kept, Some(&g.token), "entry {} granted {} twice", index, g.name);
             }
             if !granted.is_empty() {
                 max_token = index;
             }
             prop_assert_eq!(&holders(&a), &model, "holders changed without a grant or release");
+            check_exclusion(&a)?;
             let twin = b.apply_batch(index, cmds);
             prop_assert_eq!(&twin, &applied, "replicas answered differently");
             prop_assert_eq!(&a, &b, "replicas diverged");

@@ -20,7 +20,8 @@ fn session_id_and_first_token_are_entry_indices() {
         a.outcome,
         Ok(Reply::Acquired {
             token: tok(8),
-            reacquired: false
+            reacquired: false,
+            slot: 0
         })
     );
     assert_eq!(
@@ -28,7 +29,8 @@ fn session_id_and_first_token_are_entry_indices() {
         vec![Grant {
             name: "db".into(),
             session: s,
-            token: tok(8)
+            token: tok(8),
+            slot: 0
         }]
     );
     let view = h.m.get("db").unwrap();
@@ -86,7 +88,8 @@ fn reacquire_by_holder_returns_the_same_grant() {
             a.outcome,
             Ok(Reply::Acquired {
                 token,
-                reacquired: true
+                reacquired: true,
+                slot: 0
             })
         );
     }
@@ -153,9 +156,12 @@ fn a_retried_release_is_answered_released_and_changes_nothing() {
         h.refused(release(a, "x", t1)),
         MachineError::NotHolder { name: "x".into() }
     );
-    // What it remembers survives a snapshot, and format 2 still loads.
+    // What it remembers survives a snapshot, format 3 (before the recipes)
+    // loads to the same state, and format 2 still loads.
     let restored = LockMachine::from_snapshot_bytes(&h.m.to_snapshot_bytes()).unwrap();
     assert_eq!(restored, h.m);
+    let three = LockMachine::from_snapshot_bytes(&h.m.to_format_3_bytes()).unwrap();
+    assert_eq!(three, h.m);
     let old = LockMachine::from_snapshot_bytes(&h.m.to_format_2_bytes()).unwrap();
     assert_eq!(old.locks, h.m.locks);
     assert!(old.sessions.values().all(|s| s.released.is_empty()));
@@ -242,7 +248,8 @@ fn expiry_starts_lock_delay_and_end_lock_delay_grants_first_waiter() {
         vec![Grant {
             name: "x".into(),
             session: b,
-            token: tok(end.index)
+            token: tok(end.index),
+            slot: 0
         }]
     );
     let view = h.m.get("x").unwrap();
@@ -331,7 +338,8 @@ fn close_session_releases_all_locks_and_drops_its_waits() {
         vec![Grant {
             name: "l1".into(),
             session: b,
-            token: tok(close.index)
+            token: tok(close.index),
+            slot: 0
         }]
     );
     assert_eq!(h.m.get("l2"), None);
@@ -565,12 +573,14 @@ fn views_are_sorted_and_complete() {
             Grant {
                 name: "m".into(),
                 session: a,
-                token: tm
+                token: tm,
+                slot: 0
             },
             Grant {
                 name: "z".into(),
                 session: a,
-                token: tz
+                token: tz,
+                slot: 0
             },
         ]
     );
@@ -637,11 +647,11 @@ fn a_snapshot_of_format_1_json_still_loads() {
     // Format 1, written by earlier versions: the machine as one JSON object.
     let mut h = Harness::new();
     busy_history(&mut h);
-    let json = serde_json::to_vec(&h.m).unwrap();
+    let json = serde_json::to_vec(&h.m.to_format_1_json()).unwrap();
     assert_eq!(json.first(), Some(&b'{'));
     let restored = LockMachine::from_snapshot_bytes(&json).unwrap();
     assert_eq!(restored, h.m);
-    // Written again, it is format 3 and loads to the same state.
+    // Written again, it is format 4 and loads to the same state.
     let bytes = restored.to_snapshot_bytes();
     assert!(bytes.starts_with(b"PLSDSNAP"));
     assert!(bytes.len() < json.len());
@@ -659,10 +669,10 @@ fn corrupt_snapshots_are_rejected() {
         Err(SnapshotError::Truncated)
     ));
     let mut newer = bytes.clone();
-    newer[8..12].copy_from_slice(&4u32.to_le_bytes());
+    newer[8..12].copy_from_slice(&5u32.to_le_bytes());
     assert!(matches!(
         LockMachine::from_snapshot_bytes(&newer),
-        Err(SnapshotError::UnknownFormat(4))
+        Err(SnapshotError::UnknownFormat(5))
     ));
     assert!(matches!(
         LockMachine::from_snapshot_bytes(&bytes[..bytes.len() - 3]),
@@ -670,7 +680,7 @@ fn corrupt_snapshots_are_rejected() {
     ));
     // Decodes fine, but a holder's session is not in the snapshot.
     let mut orphaned = h.m.clone();
-    let holder = h.m.locks.get("b").unwrap().holder.unwrap().session;
+    let holder = h.m.locks.get("b").unwrap().holders[0].session;
     orphaned.sessions.remove(&holder);
     assert!(matches!(
         LockMachine::from_snapshot_bytes(&orphaned.to_snapshot_bytes()),
@@ -686,7 +696,7 @@ fn corrupt_snapshots_are_rejected() {
     assert!(rewound.check_invariants().is_err());
 
     // Format 1 (JSON).
-    let json = serde_json::to_string(&h.m).unwrap();
+    let json = h.m.to_format_1_json().to_string();
     assert!(matches!(
         LockMachine::from_snapshot_bytes(b"{not json"),
         Err(SnapshotError::DecodeJson(_))
@@ -707,7 +717,7 @@ fn corrupt_snapshots_are_rejected() {
         broken.sessions.get_mut(&id).unwrap().held.clear();
     }
     assert!(matches!(
-        LockMachine::from_snapshot_bytes(&serde_json::to_vec(&broken).unwrap()),
+        LockMachine::from_snapshot_bytes(&broken.to_format_1_json().to_string().into_bytes()),
         Err(SnapshotError::Inconsistent(_))
     ));
     assert_eq!(
@@ -843,7 +853,8 @@ fn a_release_and_the_previous_holders_next_acquire_share_an_entry_with_one_grant
         vec![Grant {
             name: "x".into(),
             session: q,
-            token: tok(index)
+            token: tok(index),
+            slot: 0
         }]
     );
     assert_eq!(applied[1].outcome, Ok(Reply::Queued { position: 2 }));
@@ -911,7 +922,8 @@ fn batched_expiries_share_an_entry_but_never_grant_a_lock_twice() {
         vec![Grant {
             name: "x".into(),
             session: b,
-            token: tok(index)
+            token: tok(index),
+            slot: 0
         }]
     );
     assert_eq!(applied[1].outcome, Err(MachineError::BatchConflict));
