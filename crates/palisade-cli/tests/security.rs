@@ -304,6 +304,7 @@ async fn an_outsider_changes_nothing_and_the_cluster_keeps_its_leader_and_locks(
                 wait_ms: 0,
                 lock_delay_ms: 0,
                 session_key: opened.session_key.clone(),
+                ..AcquireRequest::default()
             })
             .await
             .unwrap_err();
@@ -357,6 +358,7 @@ async fn an_outsider_changes_nothing_and_the_cluster_keeps_its_leader_and_locks(
                     wait_ms: 0,
                     lock_delay_ms: 0,
                     session_key: key,
+                    ..AcquireRequest::default()
                 })
                 .await
                 .unwrap_err();
@@ -1000,6 +1002,7 @@ async fn a_waiting_acquire_outlasts_the_idle_timeout() {
             wait_ms: 120_000,
             lock_delay_ms: 0,
             session_key: session.session_key,
+            ..AcquireRequest::default()
         })
         .await
         .map(|r| r.into_inner().token)

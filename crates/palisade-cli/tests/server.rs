@@ -262,6 +262,7 @@ async fn a_silent_holder_loses_the_lock_to_the_next_waiter() {
             wait_ms: 0,
             lock_delay_ms: 0,
             session_key: key.clone(),
+            ..AcquireRequest::default()
         })
         .await
         .unwrap()
@@ -410,6 +411,7 @@ async fn cancel_acquire_answers_the_blocked_acquire_with_cancelled() {
                 wait_ms: 3_600_000,
                 lock_delay_ms: 0,
                 session_key: wait_key,
+                ..AcquireRequest::default()
             })
             .await
     });
@@ -509,6 +511,7 @@ async fn lock_delay_holds_the_lock_after_expiry_but_not_after_release() {
         wait_ms: 0,
         lock_delay_ms: 10_000,
         session_key: key.clone(),
+        ..AcquireRequest::default()
     })
     .await
     .unwrap();
@@ -609,6 +612,7 @@ async fn bad_input_is_refused_with_typed_errors() {
             wait_ms: 0,
             lock_delay_ms: 3_600_000,
             session_key: key.clone(),
+            ..AcquireRequest::default()
         })
         .await
         .unwrap_err();
@@ -622,6 +626,7 @@ async fn bad_input_is_refused_with_typed_errors() {
             wait_ms: 0,
             lock_delay_ms: 0,
             session_key: key.clone(),
+            ..AcquireRequest::default()
         })
         .await
         .unwrap()
@@ -956,6 +961,7 @@ async fn the_server_answers_a_repeated_release_released() {
         wait_ms,
         lock_delay_ms: 0,
         session_key: session_key.clone(),
+        ..AcquireRequest::default()
     };
     let t1 = raw
         .acquire(acquire(session, &key, 0))
@@ -1122,6 +1128,7 @@ async fn releases_under_leader_kills_never_answer_not_holder() {
                             wait_ms: 1_000,
                             lock_delay_ms: 0,
                             session_key: key,
+                            ..AcquireRequest::default()
                         })
                         .await
                     }

@@ -4,8 +4,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use palisade_core::{FencingToken, LeaseState};
-use palisade_proto::v1::ReleaseRequest;
 use palisade_proto::v1::locks_client::LocksClient;
+use palisade_proto::v1::{ProclaimRequest, ReleaseRequest};
 
 use crate::{Client, ClientError};
 
@@ -21,6 +21,7 @@ pub struct FencedGuard {
     client: Client,
     name: String,
     token: FencingToken,
+    slot: u32,
     released: bool,
     /// The end of the work was recorded in the lock-safety figures (or must
     /// not be: a grant given back unused).
@@ -28,11 +29,12 @@ pub struct FencedGuard {
 }
 
 impl FencedGuard {
-    pub(crate) fn new(client: Client, name: String, token: FencingToken) -> Self {
+    pub(crate) fn new(client: Client, name: String, token: FencingToken, slot: u32) -> Self {
         FencedGuard {
             client,
             name,
             token,
+            slot,
             released: false,
             noted: false,
         }
@@ -41,6 +43,14 @@ impl FencedGuard {
     /// The fencing token: the Raft log index of the entry that granted this lock.
     pub fn token(&self) -> FencingToken {
         self.token
+    }
+
+    /// A semaphore permit's slot, `0..permits` (`0` for every other claim):
+    /// each slot is held by one permit at a time, with a token above every
+    /// earlier grant of that slot, so a resource fenced per permit keys its
+    /// fence by `(name, slot)`.
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 
     /// The token as an HTTP header `(name, value)` for a fenced store.
@@ -118,6 +128,34 @@ impl FencedGuard {
         self.released = true;
         self.note_work_ended();
         release(&self.client, &self.name, self.token).await
+    }
+
+    /// As the leader of an election (a grant of [`crate::Claim::Lead`]),
+    /// changes the value observers see. Proclaiming the same value again is
+    /// harmless, so a retry after a lost answer is safe.
+    ///
+    /// # Errors
+    /// [`ClientError::NotHolder`] / [`ClientError::StaleToken`] when this
+    /// session leads no more, [`ClientError::WrongShape`] when the name is no
+    /// election, [`ClientError::InvalidInput`] for a value over 1024 bytes,
+    /// [`ClientError::Unavailable`].
+    pub async fn proclaim(&self, value: &str) -> Result<(), ClientError> {
+        let client = &self.client;
+        client
+            .conn
+            .call(client.conn.retry_for, |ch| {
+                let mut req = tonic::Request::new(ProclaimRequest {
+                    session_id: client.session.id.get(),
+                    name: self.name.clone(),
+                    token: self.token.get(),
+                    value: value.to_owned(),
+                    session_key: client.session.key.clone(),
+                });
+                req.set_timeout(client.conn.rpc_timeout);
+                async move { LocksClient::new(ch).proclaim(req).await }
+            })
+            .await
+            .map(|_| ())
     }
 }
 

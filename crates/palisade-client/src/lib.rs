@@ -35,12 +35,13 @@ use std::time::Duration;
 
 pub use error::ClientError;
 pub use guard::{FENCING_TOKEN_HEADER, FencedGuard};
+pub use palisade_core::machine::Claim;
 pub use palisade_core::{FencingToken, LeaseState};
 use palisade_proto::v1::cluster_client::ClusterClient;
 use palisade_proto::v1::locks_client::LocksClient;
 use palisade_proto::v1::{
     AcquireRequest, AddLearnerRequest, CancelAcquireRequest, ChangeMembershipRequest,
-    CheckTokenRequest, GetRequest, ListRequest, StatusRequest, TakeSnapshotRequest,
+    CheckTokenRequest, ClaimKind, GetRequest, ListRequest, StatusRequest, TakeSnapshotRequest,
 };
 pub use types::{
     ClusterStatus, Holder, LockView, Member, SessionId, SnapshotInfo, TakenSnapshot, TokenStatus,
@@ -236,8 +237,14 @@ pub struct AcquireOptions {
     /// [`ClientError::WouldBlock`] if it is held.
     pub wait: Duration,
     /// After this holder's session expires (not after a clean release) the lock
-    /// stays unavailable for this long. At most 60 s.
+    /// stays unavailable for this long. At most 60 s; only for an exclusive
+    /// claim (a plain lock, a writer, a leader).
     pub lock_delay: Duration,
+    /// What to ask of the name: a plain lock (the default), a permit of a
+    /// semaphore, a read or write lock, or an election's leadership. The
+    /// first claim on a name fixes what it is; another kind of claim on it
+    /// fails with [`ClientError::WrongShape`].
+    pub claim: Claim,
 }
 
 /// An acquire in flight: if its future is dropped before an answer, the
@@ -353,12 +360,22 @@ impl Client {
             turn: Some(turn),
         };
         let give_up = palisade_core::clock::now() + options.wait;
+        let (claim, permits, value) = match &options.claim {
+            Claim::Lock => (ClaimKind::ClaimLock, 0, String::new()),
+            Claim::Permit { permits } => (ClaimKind::ClaimPermit, *permits, String::new()),
+            Claim::Read => (ClaimKind::ClaimRead, 0, String::new()),
+            Claim::Write => (ClaimKind::ClaimWrite, 0, String::new()),
+            Claim::Lead { value } => (ClaimKind::ClaimLead, 0, value.clone()),
+        };
         let request = |wait: Duration| AcquireRequest {
             session_id: self.session.id.get(),
             name: name.to_owned(),
             wait_ms: wait.as_millis() as u64,
             lock_delay_ms: options.lock_delay.as_millis() as u64,
             session_key: self.session.key.clone(),
+            claim: claim.into(),
+            permits,
+            value: value.clone(),
         };
         // A retry after a leader change is safe: acquiring a lock the session
         // already holds returns the same grant, and a waiter is never queued twice.
@@ -377,7 +394,7 @@ impl Client {
             Ok(reply) => {
                 let token = FencingToken::new(reply.token)
                     .ok_or_else(|| ClientError::Protocol("server granted token 0".into()))?;
-                let guard = FencedGuard::new(self.clone(), name.to_owned(), token);
+                let guard = FencedGuard::new(self.clone(), name.to_owned(), token, reply.slot);
                 // A grant is only worth something while the session is guaranteed:
                 // one that arrives later may have been expired and handed on
                 // already. Dropping the guard releases it (best effort).
@@ -668,6 +685,7 @@ impl palisade_core::FencedLocks for Client {
             let options = AcquireOptions {
                 wait: options.wait,
                 lock_delay: options.lock_delay,
+                claim: Claim::Lock,
             };
             let guard = Client::acquire(self, name, &options).await?;
             Ok(Box::new(guard) as Box<dyn palisade_core::FencedLease>)

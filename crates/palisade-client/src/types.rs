@@ -40,6 +40,12 @@ pub struct Holder {
     pub label: String,
     /// The token of its grant.
     pub token: FencingToken,
+    /// A reader or a semaphore permit holder, beside others.
+    pub shared: bool,
+    /// A semaphore permit's slot (`0` otherwise).
+    pub slot: u32,
+    /// An election leader's value (empty otherwise).
+    pub value: String,
 }
 
 /// What the leader says of a token for a lock ([`crate::Admin::token_status`]).
@@ -59,8 +65,15 @@ pub struct TokenStatus {
 pub struct LockView {
     /// Its name.
     pub name: String,
-    /// Who holds it; `None` while free (in lock-delay, or only waiters).
+    /// Who holds it (of several holders, the newest); `None` while free (in
+    /// lock-delay, or only waiters).
     pub holder: Option<Holder>,
+    /// `mutex`, `semaphore`, `read_write` or `election`.
+    pub shape: String,
+    /// A semaphore's size (`0` for other shapes).
+    pub permits: u32,
+    /// Every holder, in grant order.
+    pub holders: Vec<Holder>,
     /// The sessions waiting for it, in grant order.
     pub waiters: Vec<SessionId>,
     /// Whether it is kept unavailable after a holder's session expired.
@@ -76,6 +89,9 @@ impl TryFrom<v1::LockInfo> for LockView {
                 session,
                 label: l.holder_label,
                 token,
+                shared: false,
+                slot: 0,
+                value: String::new(),
             }),
             (None, _) => None,
             (Some(session), None) => {
@@ -93,9 +109,39 @@ impl TryFrom<v1::LockInfo> for LockView {
                     .ok_or_else(|| ClientError::Protocol(format!("waiter 0 on {:?}", l.name)))
             })
             .collect::<Result<_, _>>()?;
+        let mut holders = l
+            .holders
+            .into_iter()
+            .map(|h| {
+                let bad = || {
+                    ClientError::Protocol(format!("a holder of {:?} without id or token", l.name))
+                };
+                Ok(Holder {
+                    session: SessionId::new(h.session).ok_or_else(bad)?,
+                    label: h.label,
+                    token: FencingToken::new(h.token).ok_or_else(bad)?,
+                    shared: h.shared,
+                    slot: h.slot,
+                    value: h.value,
+                })
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        // A server from before the recipes lists no holders: its one holder is it.
+        if holders.is_empty() {
+            holders.extend(holder.clone());
+        }
+        let holder = holders.iter().max_by_key(|h| h.token).cloned().or(holder);
+        let shape = if l.shape.is_empty() {
+            "mutex".to_owned()
+        } else {
+            l.shape
+        };
         Ok(LockView {
             name: l.name,
             holder,
+            shape,
+            permits: l.permits,
+            holders,
             waiters,
             in_lock_delay: l.in_lock_delay,
         })
@@ -217,6 +263,7 @@ mod tests {
             token: 0,
             waiters: vec![3],
             in_lock_delay: true,
+            ..Default::default()
         })
         .unwrap();
         assert_eq!(free.holder, None);
@@ -228,6 +275,7 @@ mod tests {
             token: 9,
             waiters: vec![],
             in_lock_delay: false,
+            ..Default::default()
         })
         .unwrap();
         assert_eq!(held.holder.unwrap().token.get(), 9);

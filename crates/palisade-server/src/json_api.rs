@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use palisade_proto::v1::locks_server::Locks;
 use palisade_proto::v1::{
-    AcquireRequest, CancelAcquireRequest, CheckTokenRequest, CloseSessionRequest,
+    AcquireRequest, CancelAcquireRequest, CheckTokenRequest, ClaimKind, CloseSessionRequest,
     CreateSessionRequest, GetRequest, KeepAliveRequest, ListRequest, LockInfo, Member,
     ReleaseRequest, StatusRequest,
 };
@@ -185,6 +185,37 @@ struct AcquireBody {
     wait_ms: u64,
     #[serde(default)]
     lock_delay_ms: u64,
+    /// `lock` (the default), `permit`, `read`, `write` or `lead`.
+    #[serde(default)]
+    claim: ClaimName,
+    #[serde(default)]
+    permits: u32,
+    #[serde(default)]
+    value: String,
+}
+
+/// A claim kind as the JSON API spells it.
+#[derive(Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum ClaimName {
+    #[default]
+    Lock,
+    Permit,
+    Read,
+    Write,
+    Lead,
+}
+
+impl From<ClaimName> for ClaimKind {
+    fn from(c: ClaimName) -> ClaimKind {
+        match c {
+            ClaimName::Lock => ClaimKind::ClaimLock,
+            ClaimName::Permit => ClaimKind::ClaimPermit,
+            ClaimName::Read => ClaimKind::ClaimRead,
+            ClaimName::Write => ClaimKind::ClaimWrite,
+            ClaimName::Lead => ClaimKind::ClaimLead,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -369,14 +400,37 @@ fn dec_or_null(n: u64) -> Value {
 }
 
 fn lock_json(l: LockInfo) -> Value {
-    json!({
+    let mut v = json!({
         "name": l.name,
         "holder": dec_or_null(l.holder_session),
         "holder_label": l.holder_label,
         "token": dec_or_null(l.token),
         "waiters": l.waiters.into_iter().map(dec).collect::<Vec<_>>(),
         "in_lock_delay": l.in_lock_delay,
-    })
+    });
+    // A plain lock reads as it always did; a recipe says what it is and
+    // lists every holder.
+    if l.shape != "mutex" {
+        v["shape"] = json!(l.shape);
+        if l.permits > 0 {
+            v["permits"] = json!(l.permits);
+        }
+        v["holders"] = l
+            .holders
+            .into_iter()
+            .map(|h| {
+                json!({
+                    "session": dec(h.session),
+                    "label": h.label,
+                    "token": dec(h.token),
+                    "shared": h.shared,
+                    "slot": h.slot,
+                    "value": h.value,
+                })
+            })
+            .collect();
+    }
+    v
 }
 
 fn member_json(m: Member) -> Value {
@@ -454,11 +508,19 @@ async fn acquire(State(api): State<Api>, request: Request) -> Response {
         wait_ms: r.wait_ms,
         lock_delay_ms: r.lock_delay_ms,
         session_key: r.session_key.0,
+        claim: ClaimKind::from(r.claim).into(),
+        permits: r.permits,
+        value: r.value,
     };
-    respond(
-        api.acquire(grpc(parts, message)).await,
-        |r| json!({"token": dec(r.token)}),
-    )
+    // A permit's slot is part of its grant; other claims answer as before.
+    let permit = r.claim == ClaimName::Permit;
+    respond(api.acquire(grpc(parts, message)).await, |r| {
+        if permit {
+            json!({"token": dec(r.token), "slot": r.slot})
+        } else {
+            json!({"token": dec(r.token)})
+        }
+    })
 }
 
 async fn cancel(State(api): State<Api>, request: Request) -> Response {

@@ -16,7 +16,9 @@ use std::time::Duration;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use palisade_core::FencingToken;
-use palisade_core::machine::{Applied, Command, MachineError, Reply, SessionId, SessionOwner};
+use palisade_core::machine::{
+    Applied, Claim, Command, MachineError, Mode, Reply, SessionId, SessionOwner, Shape,
+};
 use palisade_proto::v1::cluster_server::{Cluster, ClusterServer};
 use palisade_proto::v1::locks_server::{Locks, LocksServer};
 use palisade_proto::v1::*;
@@ -262,20 +264,75 @@ impl Api {
 
     fn lock_info(&self, view: palisade_core::machine::LockView) -> LockInfo {
         let machine = self.shared.machine.read().expect("poisoned");
-        let label = view
-            .holder
-            .and_then(|h| machine.session(h))
-            .map(|s| s.label)
-            .unwrap_or_default();
+        let label_of = |id: SessionId| {
+            machine
+                .session_label(id)
+                .map(str::to_owned)
+                .unwrap_or_default()
+        };
+        let holders = view
+            .holders
+            .iter()
+            .map(|h| HolderInfo {
+                session: h.session.0,
+                label: label_of(h.session),
+                token: h.token.get(),
+                shared: h.mode == Mode::Shared,
+                slot: h.slot,
+                value: h.value.clone(),
+            })
+            .collect();
         LockInfo {
             name: view.name,
             holder_session: view.holder.map_or(0, |s| s.0),
-            holder_label: label,
+            holder_label: view.holder.map(label_of).unwrap_or_default(),
             token: view.token.map_or(0, FencingToken::get),
             waiters: view.waiters.iter().map(|s| s.0).collect(),
             in_lock_delay: view.in_lock_delay,
+            shape: view.shape.as_str().to_owned(),
+            permits: match view.shape {
+                Shape::Semaphore { permits } => permits,
+                _ => 0,
+            },
+            holders,
         }
     }
+
+    /// The slot of `session`'s grant of `name` under `token` (`0` if it is
+    /// not a permit, or no longer held).
+    fn slot_of(&self, session: SessionId, name: &str, token: FencingToken) -> u32 {
+        let machine = self.shared.machine.read().expect("poisoned");
+        machine
+            .get(name)
+            .and_then(|v| {
+                v.holders
+                    .into_iter()
+                    .find(|h| h.session == session && h.token == token)
+            })
+            .map_or(0, |h| h.slot)
+    }
+}
+
+/// What an acquire asks of its name, from the request's claim fields; a
+/// field that does not belong to the claim is refused rather than ignored.
+fn claim_of(r: &AcquireRequest) -> Result<Claim, Status> {
+    let kind = ClaimKind::try_from(r.claim)
+        .map_err(|_| input(format!("unknown claim kind {}", r.claim)))?;
+    if r.permits != 0 && kind != ClaimKind::ClaimPermit {
+        return Err(input("permits is for CLAIM_PERMIT only"));
+    }
+    if !r.value.is_empty() && kind != ClaimKind::ClaimLead {
+        return Err(input("value is for CLAIM_LEAD only"));
+    }
+    Ok(match kind {
+        ClaimKind::ClaimLock => Claim::Lock,
+        ClaimKind::ClaimPermit => Claim::Permit { permits: r.permits },
+        ClaimKind::ClaimRead => Claim::Read,
+        ClaimKind::ClaimWrite => Claim::Write,
+        ClaimKind::ClaimLead => Claim::Lead {
+            value: r.value.clone(),
+        },
+    })
 }
 
 /// The documented mapping from a refusal of the state machine to an error code.
@@ -494,11 +551,21 @@ impl Locks for Api {
                 "wait {wait:?} exceeds the limit of {MAX_WAIT:?}"
             )));
         }
-        let command = Command::Acquire {
-            session,
-            name: r.name.clone(),
-            wait: !wait.is_zero(),
-            lock_delay_ms: r.lock_delay_ms,
+        let command = match claim_of(&r)? {
+            // The plain lock stays the command older nodes know.
+            Claim::Lock => Command::Acquire {
+                session,
+                name: r.name.clone(),
+                wait: !wait.is_zero(),
+                lock_delay_ms: r.lock_delay_ms,
+            },
+            claim => Command::Claim {
+                session,
+                name: r.name.clone(),
+                claim,
+                wait: !wait.is_zero(),
+                lock_delay_ms: r.lock_delay_ms,
+            },
         };
         // Bad input is refused before it reaches the log.
         command.check_input().map_err(|e| machine_status(&e))?;
@@ -526,11 +593,11 @@ impl Locks for Api {
                 return Err(status);
             }
         };
-        let token = match applied.outcome {
-            Ok(Reply::Acquired { token, .. }) => {
+        let (token, slot) = match applied.outcome {
+            Ok(Reply::Acquired { token, slot, .. }) => {
                 guard.disarm();
                 self.shared.unwatch_grant(session, &r.name);
-                token
+                (token, slot)
             }
             // Already queued by an earlier call of this session: a call that does
             // not wait must not cancel that wait.
@@ -542,9 +609,9 @@ impl Locks for Api {
                 )));
             }
             Ok(Reply::Queued { .. }) => match tokio::time::timeout(wait, granted).await {
-                Ok(Ok(WaitEnd::Granted(token))) => {
+                Ok(Ok(WaitEnd::Granted(token, slot))) => {
                     guard.disarm();
-                    token
+                    (token, slot)
                 }
                 Ok(Ok(WaitEnd::Cancelled)) => {
                     guard.disarm();
@@ -567,7 +634,9 @@ impl Locks for Api {
                         })
                         .await?;
                     match applied.outcome {
-                        Err(MachineError::AlreadyGranted { token }) => token,
+                        Err(MachineError::AlreadyGranted { token }) => {
+                            (token, self.slot_of(session, &r.name, token))
+                        }
                         Ok(_) | Err(MachineError::NotWaiting { .. }) => {
                             return Err(ErrorCode::WaitTimeout
                                 .status(format!("lock {:?} not granted within {wait:?}", r.name)));
@@ -597,7 +666,32 @@ impl Locks for Api {
                 return Err(machine_status(&e));
             }
         };
-        Ok(Response::new(AcquireResponse { token: token.get() }))
+        Ok(Response::new(AcquireResponse {
+            token: token.get(),
+            slot,
+        }))
+    }
+
+    async fn proclaim(
+        &self,
+        req: Request<ProclaimRequest>,
+    ) -> Result<Response<ProclaimResponse>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
+        let r = req.into_inner();
+        let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
+        let session = SessionId(r.session_id);
+        let command = Command::Proclaim {
+            session,
+            name: r.name.clone(),
+            token,
+            value: r.value,
+        };
+        command.check_input().map_err(|e| machine_status(&e))?;
+        caller.may_lock(&r.name)?;
+        self.check_owner(&caller, session, &r.session_key).await?;
+        let applied = self.propose(command).await?;
+        applied.outcome.map_err(|e| machine_status(&e))?;
+        Ok(Response::new(ProclaimResponse {}))
     }
 
     async fn cancel_acquire(

@@ -30,7 +30,7 @@ fn config(label: &str, ttl: Duration) -> ClientConfig {
 fn wait(secs: u64) -> AcquireOptions {
     AcquireOptions {
         wait: Duration::from_secs(secs),
-        lock_delay: Duration::ZERO,
+        ..AcquireOptions::default()
     }
 }
 

@@ -107,10 +107,11 @@ pub enum Mode {
 }
 
 /// What one session asks of a name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Claim {
     /// The name as a mutex.
+    #[default]
     Lock,
     /// One permit of a semaphore of `permits`.
     Permit {

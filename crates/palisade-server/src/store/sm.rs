@@ -34,8 +34,9 @@ use crate::typ::{
 /// session ending drops the sender instead.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitEnd {
-    /// The lock was granted to the waiter with this token.
-    Granted(FencingToken),
+    /// The lock was granted to the waiter with this token (and, for a
+    /// semaphore permit, in this slot).
+    Granted(FencingToken, u32),
     /// The session cancelled the wait (`CancelAcquire`).
     Cancelled,
 }
@@ -214,7 +215,7 @@ impl Shared {
                 .is_some_and(|(from, _)| g.token.get() >= *from)
                 && let Some((_, tx)) = waiters.remove(&key)
             {
-                let _ = tx.send(WaitEnd::Granted(g.token));
+                let _ = tx.send(WaitEnd::Granted(g.token, g.slot));
             }
         }
     }
@@ -779,7 +780,7 @@ mod tests {
         assert!(rx.try_recv().is_err(), "an old cancellation ends nothing");
         shared.deliver(&[grant(7, "db", 41)]);
         match rx.try_recv() {
-            Ok(WaitEnd::Granted(token)) => assert_eq!(token.get(), 41),
+            Ok(WaitEnd::Granted(token, _)) => assert_eq!(token.get(), 41),
             other => panic!("expected the grant of entry 41, got {other:?}"),
         }
     }

@@ -217,6 +217,7 @@ pub async fn run(a: ScaleBenchArgs) -> Result<i32> {
                             wait_ms: 0,
                             lock_delay_ms: 0,
                             session_key: s.key.clone(),
+                            ..AcquireRequest::default()
                         })
                         .await?;
                     bar.inc(1);
@@ -386,6 +387,7 @@ async fn expire_together(
                         wait_ms: 0,
                         lock_delay_ms: 0,
                         session_key: reply.session_key.clone(),
+                        ..AcquireRequest::default()
                     })
                     .await?;
                 mine.push((i, reply.session_id, reply.session_key));
@@ -455,6 +457,7 @@ async fn expire_together(
                     wait_ms: 120_000,
                     lock_delay_ms: 0,
                     session_key: key,
+                    ..AcquireRequest::default()
                 })
                 .await?;
             anyhow::Ok(Instant::now().saturating_duration_since(deadline))
@@ -502,6 +505,7 @@ fn probe_acquires<D: Fn() -> bool + Clone + Send + 'static>(
                         wait_ms: 0,
                         lock_delay_ms: 0,
                         session_key: key.clone(),
+                        ..AcquireRequest::default()
                     })
                     .await?
                     .into_inner()

@@ -1,0 +1,194 @@
+//! The recipes beyond the mutex on real `palisade serve` processes, through the
+//! Rust client: a semaphore, a read/write lock, an election. What is asserted
+//! is counted from the holders' own records, not from the server's word.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use palisade_client::{AcquireOptions, Claim, Client, ClientConfig, ClientError, FencedGuard};
+use palisade_testkit::PalisadeNode;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_palisade"))
+}
+
+async fn client(node: &PalisadeNode) -> Client {
+    let mut c = ClientConfig::new([node.addr()]);
+    c.retry_for = Duration::from_secs(30);
+    Client::connect(c).await.expect("connect")
+}
+
+fn claiming(claim: Claim, wait_secs: u64) -> AcquireOptions {
+    AcquireOptions {
+        wait: Duration::from_secs(wait_secs),
+        claim,
+        ..AcquireOptions::default()
+    }
+}
+
+/// Ten contenders for three permits, each in a session of its own: never more
+/// than three hold at once, by the contenders' own count; all ten are served;
+/// each slot's tokens rise from one holder to the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_of_three_serves_ten_contenders_never_more_than_three_at_once() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let c = client(&node).await;
+        let (inside, most) = (inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = c
+                .acquire("pool", &claiming(Claim::Permit { permits: 3 }, 120))
+                .await
+                .expect("a permit within two minutes");
+            // Counted after the grant and uncounted before the release, so the
+            // count is never above the number really holding.
+            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            let grant = (permit.slot(), permit.token());
+            permit.release().await.expect("released");
+            grant
+        }));
+    }
+    let mut grants = Vec::new();
+    for t in tasks {
+        grants.push(t.await.unwrap());
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        (1..=3).contains(&most),
+        "{most} held a permit of three at once"
+    );
+    assert_eq!(grants.len(), 10, "every contender was served");
+    assert!(grants.iter().all(|(slot, _)| *slot < 3), "{grants:?}");
+    // Grants in one entry may share a token, but only in different slots.
+    let mut by_slot = grants.clone();
+    by_slot.sort();
+    by_slot.dedup();
+    assert_eq!(by_slot.len(), 10, "a slot was granted twice with one token");
+
+    // The name is a semaphore of three: a plain lock or another size on it
+    // is refused by name, not silently turned into something else.
+    let c = client(&node).await;
+    let held = c
+        .acquire("pool", &claiming(Claim::Permit { permits: 3 }, 0))
+        .await
+        .unwrap();
+    let view = c.get("pool").await.unwrap().expect("held");
+    assert_eq!((view.shape.as_str(), view.permits), ("semaphore", 3));
+    assert_eq!(view.holders.len(), 1);
+    let other = client(&node).await;
+    for wrong in [Claim::Lock, Claim::Permit { permits: 5 }, Claim::Read] {
+        let refused = other.acquire("pool", &claiming(wrong, 0)).await;
+        assert!(
+            matches!(refused, Err(ClientError::WrongShape(_))),
+            "{refused:?}"
+        );
+    }
+    held.release().await.unwrap();
+}
+
+/// Readers share, a writer waits for them and then holds alone, with a token
+/// above every reader's; a reader arriving behind the waiting writer waits
+/// too (FIFO), and is let in when the writer is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_a_writer_is_alone_with_a_token_above_theirs() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let (r1, r2, w, r3) = (
+        client(&node).await,
+        client(&node).await,
+        client(&node).await,
+        client(&node).await,
+    );
+    let read1 = r1.acquire("doc", &claiming(Claim::Read, 0)).await.unwrap();
+    let read2 = r2.acquire("doc", &claiming(Claim::Read, 0)).await.unwrap();
+    let view = r1.get("doc").await.unwrap().unwrap();
+    assert_eq!(view.holders.len(), 2);
+    assert!(view.holders.iter().all(|h| h.shared));
+    let reader_tokens = [read1.token(), read2.token()];
+
+    let writer = tokio::spawn(async move {
+        let g = w.acquire("doc", &claiming(Claim::Write, 120)).await;
+        (w, g)
+    });
+    let watcher = client(&node).await;
+    wait_for(&watcher, "doc", |v| v.waiters.len() == 1).await;
+    // Behind a waiting writer a reader does not get in, though it would fit.
+    let late = r3.acquire("doc", &claiming(Claim::Read, 0)).await;
+    assert!(matches!(late, Err(ClientError::WouldBlock)), "{late:?}");
+
+    read1.release().await.unwrap();
+    read2.release().await.unwrap();
+    let (_w, written) = writer.await.unwrap();
+    let written: FencedGuard = written.expect("the writer got in");
+    assert!(reader_tokens.iter().all(|t| written.token() > *t));
+    let view = watcher.get("doc").await.unwrap().unwrap();
+    assert_eq!(view.holders.len(), 1);
+    assert!(!view.holders[0].shared);
+
+    let reader = tokio::spawn(async move {
+        let g = r3.acquire("doc", &claiming(Claim::Read, 120)).await;
+        (r3, g)
+    });
+    wait_for(&watcher, "doc", |v| v.waiters.len() == 1).await;
+    let writer_token = written.token();
+    written.release().await.unwrap();
+    let (_r3, read3) = reader.await.unwrap();
+    assert!(read3.expect("the reader got in").token() > writer_token);
+}
+
+/// Two candidates: the first leads with its value, the second waits; the
+/// leader changes its value; when the leader's session ends the other leads,
+/// with its own value and a larger token, and the old leader can proclaim
+/// nothing any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_hands_leadership_on_with_a_rising_token() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let (a, b) = (client(&node).await, client(&node).await);
+    let lead = |v: &str| claiming(Claim::Lead { value: v.into() }, 120);
+    let leader = a.acquire("primary", &lead("10.0.0.1:5432")).await.unwrap();
+    let candidate = tokio::spawn(async move {
+        let g = b.acquire("primary", &lead("10.0.0.2:5432")).await;
+        (b, g)
+    });
+    let watcher = client(&node).await;
+    wait_for(&watcher, "primary", |v| v.waiters.len() == 1).await;
+    leader.proclaim("10.0.0.1:6432").await.unwrap();
+    let view = watcher.get("primary").await.unwrap().unwrap();
+    assert_eq!(view.shape, "election");
+    assert_eq!(view.holders[0].value, "10.0.0.1:6432");
+
+    a.close().await.unwrap();
+    let (_b, new_leader) = candidate.await.unwrap();
+    let new_leader = new_leader.expect("the candidate leads");
+    assert!(new_leader.token() > leader.token());
+    let view = watcher.get("primary").await.unwrap().unwrap();
+    assert_eq!(view.holders[0].value, "10.0.0.2:5432");
+    let stale = leader.proclaim("10.0.0.1:7432").await;
+    assert!(stale.is_err(), "the old leader proclaimed: {stale:?}");
+    new_leader.proclaim("10.0.0.2:6432").await.unwrap();
+    let view = watcher.get("primary").await.unwrap().unwrap();
+    assert_eq!(view.holders[0].value, "10.0.0.2:6432");
+}
+
+async fn wait_for(
+    c: &Client,
+    name: &str,
+    mut check: impl FnMut(&palisade_client::LockView) -> bool,
+) {
+    for _ in 0..1200 {
+        if let Ok(Some(v)) = c.get(name).await
+            && check(&v)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{name} never reached the state waited for");
+}
