@@ -97,7 +97,11 @@ enum Command {
     /// 7424), for trying Palisade; Ctrl-C stops it.
     DevCluster(dev_cluster::DevClusterArgs),
     /// Run CMD holding a correctness lock; CMD gets PALISADE_FENCING_TOKEN.
+    /// --permits N takes a semaphore permit, --read/--write a read/write lock.
     Lock(server_cmd::LockArgs),
+    /// Run CMD while leader of an election (CMD gets the leader's
+    /// PALISADE_FENCING_TOKEN), or --observe the leaders.
+    Elect(server_cmd::ElectArgs),
     /// Cluster status: members, leader, term, commit index.
     Status(server_cmd::QueryArgs),
     /// All locks: name, holder, token, waiters.
@@ -216,6 +220,7 @@ fn main() {
             Command::Serve(a) => server_cmd::serve(a).await,
             Command::DevCluster(a) => dev_cluster::run(a).await,
             Command::Lock(a) => server_cmd::lock(a).await,
+            Command::Elect(a) => server_cmd::elect(a).await,
             Command::Status(a) => server_cmd::status(a).await,
             Command::Locks(a) => server_cmd::locks(a).await,
             Command::CheckToken(a) => server_cmd::check_token(a).await,

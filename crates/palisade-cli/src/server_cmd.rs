@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use palisade_client::{Admin, ClientConfig, ClientError, FencingToken, TlsOptions};
+use palisade_core::machine::Claim;
 use palisade_core::{LockError, LockOptions};
 
 use crate::backends::{self, BackendUrl, SessionSpec};
@@ -209,6 +210,17 @@ pub struct LockArgs {
     /// Keep the lock unavailable this long after our session expires.
     #[arg(long, default_value = "0s", value_parser = duration_arg)]
     lock_delay: Duration,
+    /// Take one permit of a semaphore of N instead of a plain lock: at most N
+    /// hold the name at once (every holder must give the same N). CMD also
+    /// gets PALISADE_PERMIT_SLOT, 0 to N-1: fence per (name, slot).
+    #[arg(long, value_name = "N", conflicts_with_all = ["read", "write"])]
+    permits: Option<u32>,
+    /// Take a read lock: shared with other readers, never with a writer.
+    #[arg(long, conflicts_with = "write")]
+    read: bool,
+    /// Take a write lock: alone, after every reader and writer before it.
+    #[arg(long)]
+    write: bool,
     /// Time CMD gets between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, default_value = "5s", value_parser = duration_arg)]
     grace: Duration,
@@ -219,6 +231,41 @@ pub struct LockArgs {
     metrics_file: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `palisade elect`.
+#[derive(Args)]
+pub struct ElectArgs {
+    /// The election's name.
+    name: String,
+    /// What observers see while this candidate leads (an address, an id; at
+    /// most 1024 bytes).
+    #[arg(long, required_unless_present = "observe")]
+    value: Option<String>,
+    /// Print each change of leader (session, token, value) as one JSON line
+    /// instead of campaigning, until Ctrl-C. Polls the leader's linearizable
+    /// view every 250 ms, so a leader that came and went within one poll is
+    /// not printed.
+    #[arg(long, conflicts_with_all = ["value", "command"])]
+    observe: bool,
+    #[command(flatten)]
+    endpoints: Endpoints,
+    /// Session TTL: how long leadership survives this process dying silently.
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    ttl: Duration,
+    /// How long to campaign before giving up (at most 1h, the server's
+    /// longest wait).
+    #[arg(long, default_value = "1h", value_parser = duration_arg)]
+    wait: Duration,
+    /// Time CMD gets between SIGTERM and SIGKILL when leadership is lost.
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    grace: Duration,
+    /// As for `palisade lock`.
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
+    /// The command to run while leader, and its arguments.
+    #[arg(last = true, required_unless_present = "observe")]
     command: Vec<String>,
 }
 
@@ -407,6 +454,81 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
 /// the Palisade cluster at `--endpoints`), reached only through the
 /// correctness-lock trait.
 pub async fn lock(a: LockArgs) -> Result<i32> {
+    let claim = match (a.permits, a.read, a.write) {
+        (Some(permits), _, _) => Claim::Permit { permits },
+        (None, true, _) => Claim::Read,
+        (None, false, true) => Claim::Write,
+        (None, false, false) => Claim::Lock,
+    };
+    hold(a, claim).await
+}
+
+/// `palisade elect NAME --value V -- CMD`: campaigns, runs CMD while leader
+/// (PALISADE_FENCING_TOKEN is the leader's token, above every earlier
+/// leader's) and stops it when leadership is lost. `--observe` prints leaders.
+pub async fn elect(a: ElectArgs) -> Result<i32> {
+    if a.observe {
+        return observe(&a.name, &a.endpoints).await;
+    }
+    let value = a.value.unwrap_or_default();
+    let as_lock = LockArgs {
+        name: a.name,
+        backend: None,
+        endpoints: a.endpoints,
+        ttl: a.ttl,
+        wait: a.wait,
+        lock_delay: Duration::ZERO,
+        permits: None,
+        read: false,
+        write: false,
+        grace: a.grace,
+        metrics_file: a.metrics_file,
+        command: a.command,
+    };
+    hold(as_lock, Claim::Lead { value }).await
+}
+
+/// Prints the election's leader each time it changes, as one JSON object a
+/// line: `{"name", "leader": session or null, "token", "value"}`.
+async fn observe(name: &str, endpoints: &Endpoints) -> Result<i32> {
+    palisade_core::limits::validate_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let admin = match admin(endpoints) {
+        Ok(admin) => admin,
+        Err(code) => return Ok(code),
+    };
+    let mut last = None;
+    loop {
+        let view = match admin.get(name).await {
+            Ok(view) => view,
+            Err(e) => return Ok(query_failed("no leader answered", &e, exit::FAILURE)),
+        };
+        if let Some(v) = &view
+            && v.shape != "election"
+        {
+            eprintln!("palisade: {name:?} is a {}, not an election", v.shape);
+            return Ok(exit::FAILURE);
+        }
+        let leader = view
+            .and_then(|v| v.holder)
+            .map(|h| (h.session.get(), h.token.get(), h.value));
+        if last.as_ref() != Some(&leader) {
+            let line = match &leader {
+                Some((session, token, value)) => serde_json::json!({
+                    "name": name, "leader": session, "token": token, "value": value,
+                }),
+                None => serde_json::json!({
+                    "name": name, "leader": null, "token": null, "value": null,
+                }),
+            };
+            println!("{line}");
+            last = Some(leader);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Runs CMD holding `a.name` under `claim`, stopping it when the hold is lost.
+async fn hold(a: LockArgs, claim: Claim) -> Result<i32> {
     let usage = |e: &dyn std::fmt::Display| {
         eprintln!("palisade: {e}");
         Ok(exit::USAGE)
@@ -435,6 +557,7 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
     let options = LockOptions {
         wait: a.wait,
         lock_delay: a.lock_delay,
+        claim: claim.clone(),
     };
     let acquired = async {
         let locks = with_progress(
@@ -473,19 +596,29 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
             return Ok(exit::NOT_OBTAINED);
         }
     };
+    let how = match &claim {
+        Claim::Lock => String::new(),
+        Claim::Permit { permits } => format!(" as permit {} of {permits}", lease.slot()),
+        Claim::Read => " as a reader".to_owned(),
+        Claim::Write => " as the writer".to_owned(),
+        Claim::Lead { value } => format!(" as leader (value {value:?})"),
+    };
     eprintln!(
-        "palisade: holding {:?} with fencing token {} ({} backend)",
+        "palisade: holding {:?}{how} with fencing token {} ({} backend)",
         a.name,
         lease.token(),
         locks.backend()
     );
-    let env = [
+    let mut env = vec![
         ("PALISADE_LOCK".to_owned(), a.name.clone()),
         (
             "PALISADE_FENCING_TOKEN".to_owned(),
             lease.token().to_string(),
         ),
     ];
+    if let Claim::Permit { .. } = claim {
+        env.push(("PALISADE_PERMIT_SLOT".to_owned(), lease.slot().to_string()));
+    }
     let lost = lease.lost();
     let ended = run_holding(
         &a.command,

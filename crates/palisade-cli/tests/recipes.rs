@@ -192,3 +192,153 @@ async fn wait_for(
     }
     panic!("{name} never reached the state waited for");
 }
+
+/// `palisade elect` on a 3-node cluster with candidates in processes of their
+/// own: pausing the leader's process (SIGSTOP, past its TTL) elects the next,
+/// and so does killing it; each new leader's token is above the last; a write
+/// with a superseded leader's token is refused by `palisade fence-store`;
+/// `palisade elect --observe` printed the leaders in order.
+#[test]
+fn elect_hands_leadership_on_when_the_leader_pauses_or_dies_and_the_store_refuses_the_old_token() {
+    use std::process::{Child, Command, Stdio};
+
+    let nodes = PalisadeNode::cluster(bin(), 3, &[]).unwrap();
+    let endpoints = nodes
+        .iter()
+        .map(PalisadeNode::addr)
+        .collect::<Vec<_>>()
+        .join(",");
+    let store = palisade_testkit::FenceStoreProcess::start(bin()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let palisade = |args: &[&str]| {
+        let mut c = Command::new(bin());
+        c.env("PALISADE_ENDPOINTS", &endpoints)
+            .env("PALISADE_RETRY_FOR", "30s")
+            .args(args);
+        c
+    };
+    // A candidate: its CMD writes its token where the test can read it and
+    // then works until stopped. In a process group of its own, so that a
+    // pause or a kill takes the candidate and its command together.
+    let campaign = |who: &str| -> Child {
+        use std::os::unix::process::CommandExt;
+        let file = dir.path().join(format!("{who}.token"));
+        let script = format!(
+            "echo $PALISADE_FENCING_TOKEN > {}; exec sleep 600",
+            file.display()
+        );
+        palisade(&[
+            "elect", "primary", "--value", who, "--ttl", "2s", "--", "sh", "-c", &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap()
+    };
+    let token_of = |who: &str| -> u64 {
+        let file = dir.path().join(format!("{who}.token"));
+        for _ in 0..1200 {
+            if let Some(t) = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return t;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{who} never led");
+    };
+    let signal = |child: &Child, sig: &str| {
+        let group = format!("-{}", child.id());
+        let ok = Command::new("kill")
+            .args([sig, "--", &group])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {group}");
+    };
+    let put = |token: u64| {
+        use std::io::{Read, Write};
+        let body = format!("written by the leader with token {token}");
+        let mut conn = std::net::TcpStream::connect(store.addr()).unwrap();
+        write!(
+            conn,
+            "PUT /v1/objects/primary-config HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        answer
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u16>()
+            .unwrap()
+    };
+    let mut observer = palisade(&["elect", "primary", "--observe"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Every leader token the observer prints, in order.
+    let (printed, seen) = std::sync::mpsc::channel();
+    let lines = std::io::BufReader::new(observer.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in lines.lines().map_while(Result::ok) {
+            let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+            if let Some(t) = v["token"].as_u64() {
+                let _ = printed.send(t);
+            }
+        }
+    });
+    let mut tokens_seen = Vec::new();
+    let mut observed = |t: u64| {
+        while !tokens_seen.contains(&t) {
+            let next = seen
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("observe never printed token {t}: {tokens_seen:?}"));
+            tokens_seen.push(next);
+        }
+        assert!(
+            tokens_seen.windows(2).all(|w| w[0] < w[1]),
+            "{tokens_seen:?}"
+        );
+    };
+    let mut a = campaign("a");
+    let ta = token_of("a");
+    assert_eq!(put(ta), 200);
+    observed(ta);
+    let mut b = campaign("b");
+    // Paused past its TTL: the cluster ends its session and elects b.
+    signal(&a, "-STOP");
+    let tb = token_of("b");
+    assert!(tb > ta, "{tb} after {ta}");
+    assert_eq!(put(tb), 200);
+    observed(tb);
+    // The paused leader wakes up and writes with the token it had.
+    signal(&a, "-CONT");
+    assert_eq!(put(ta), 409, "the store took a superseded leader's write");
+    let lost = a.wait().unwrap();
+    assert!(
+        !lost.success(),
+        "a leader that lost its lease exited {lost}"
+    );
+
+    // Killed outright: the next candidate leads once b's session expires.
+    let mut c = campaign("c");
+    signal(&b, "-KILL");
+    let _ = b.wait();
+    let tc = token_of("c");
+    assert!(tc > tb, "{tc} after {tb}");
+    assert_eq!(put(tc), 200);
+    assert_eq!(put(tb), 409);
+    observed(tc);
+    signal(&c, "-TERM");
+    let _ = c.wait();
+
+    observer.kill().unwrap();
+    let _ = observer.wait();
+}

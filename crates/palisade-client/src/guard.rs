@@ -232,6 +232,10 @@ impl palisade_core::FencedLease for FencedGuard {
         FencedGuard::token(self)
     }
 
+    fn slot(&self) -> u32 {
+        FencedGuard::slot(self)
+    }
+
     fn remaining(&self) -> Duration {
         FencedGuard::remaining(self)
     }

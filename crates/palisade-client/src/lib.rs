@@ -449,16 +449,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Unavailable`] and the like.
     pub async fn get(&self, name: &str) -> Result<Option<LockView>, ClientError> {
-        let reply = self
-            .conn
-            .call(self.conn.retry_for, |ch| {
-                let req = GetRequest {
-                    name: name.to_owned(),
-                };
-                async move { LocksClient::new(ch).get(req).await }
-            })
-            .await?;
-        reply.lock.map(LockView::try_from).transpose()
+        get(&self.conn, name).await
     }
 
     /// All locks by name, read linearizably.
@@ -535,6 +526,14 @@ impl Admin {
     /// [`ClientError::Unavailable`] and the like.
     pub async fn list(&self) -> Result<Vec<LockView>, ClientError> {
         list(&self.conn).await
+    }
+
+    /// One lock, read linearizably; `None` when nobody holds or waits for it.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] and the like.
+    pub async fn get(&self, name: &str) -> Result<Option<LockView>, ClientError> {
+        get(&self.conn, name).await
     }
 
     /// See [`Client::check_token`].
@@ -637,6 +636,19 @@ async fn status(conn: &Connector) -> Result<ClusterStatus, ClientError> {
     .map(ClusterStatus::from)
 }
 
+/// One lock by name, from the leader.
+async fn get(conn: &Connector, name: &str) -> Result<Option<LockView>, ClientError> {
+    let reply = conn
+        .call(conn.retry_for, |ch| {
+            let req = GetRequest {
+                name: name.to_owned(),
+            };
+            async move { LocksClient::new(ch).get(req).await }
+        })
+        .await?;
+    reply.lock.map(LockView::try_from).transpose()
+}
+
 async fn list(conn: &Connector) -> Result<Vec<LockView>, ClientError> {
     let reply = conn
         .call(conn.retry_for, |ch| async move {
@@ -685,7 +697,7 @@ impl palisade_core::FencedLocks for Client {
             let options = AcquireOptions {
                 wait: options.wait,
                 lock_delay: options.lock_delay,
-                claim: Claim::Lock,
+                claim: options.claim.clone(),
             };
             let guard = Client::acquire(self, name, &options).await?;
             Ok(Box::new(guard) as Box<dyn palisade_core::FencedLease>)

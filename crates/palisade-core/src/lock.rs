@@ -35,6 +35,29 @@ pub struct LockOptions {
     /// unavailable this long. Backends without lock-delay refuse a non-zero value
     /// with [`LockError::InvalidInput`] rather than ignore it.
     pub lock_delay: Duration,
+    /// What to ask of the name: a plain lock (the default), a semaphore
+    /// permit, a read or write lock, an election's leadership. Backends that
+    /// have only plain locks refuse the others with [`LockError::InvalidInput`]
+    /// ([`LockOptions::plain_lock_only`]) rather than hand out a plain lock.
+    pub claim: crate::machine::Claim,
+}
+
+impl LockOptions {
+    /// Refuses every claim but a plain lock, naming the backend: for the
+    /// backends whose recipes are not (yet) Palisade's fenced ones.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidInput`] for a permit, read, write or lead claim.
+    pub fn plain_lock_only(&self, backend: &str) -> Result<(), LockError> {
+        match self.claim {
+            crate::machine::Claim::Lock => Ok(()),
+            ref other => Err(LockError::InvalidInput(format!(
+                "the {backend} backend has plain locks only, not a {} (semaphores, read/write \
+                 locks and elections are on the Palisade server)",
+                other.shape()
+            ))),
+        }
+    }
 }
 
 /// Why a lock operation failed. Typed, so callers can tell "try later" from
@@ -118,6 +141,11 @@ pub trait FencedLease: Send + Sync + fmt::Debug {
     fn name(&self) -> &str;
     /// The grant's fencing token: higher than every earlier grant's of this lock.
     fn token(&self) -> FencingToken;
+    /// A semaphore permit's slot (`0` for every other grant): a resource fenced
+    /// per permit keys its fence by `(name, slot)`.
+    fn slot(&self) -> u32 {
+        0
+    }
     /// How long the hold is still guaranteed (zero once lost).
     fn remaining(&self) -> Duration;
     /// Until when the hold is guaranteed, on this process's monotonic clock.

@@ -851,6 +851,7 @@ impl FencedLocks for EtcdLocks {
         options: &'a LockOptions,
     ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
         Box::pin(async move {
+            options.plain_lock_only(BACKEND)?;
             let lease = EtcdLocks::acquire(self, name, options).await?;
             Ok(Box::new(lease) as Box<dyn FencedLease>)
         })

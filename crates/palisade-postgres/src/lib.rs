@@ -542,6 +542,7 @@ impl FencedLocks for PgLocks {
         options: &'a LockOptions,
     ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
         Box::pin(async move {
+            options.plain_lock_only(BACKEND)?;
             let lease = PgLocks::acquire(self, name, options).await?;
             Ok(Box::new(lease) as Box<dyn FencedLease>)
         })

@@ -656,6 +656,7 @@ impl FencedLocks for ZkLocks {
         options: &'a LockOptions,
     ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
         Box::pin(async move {
+            options.plain_lock_only(BACKEND)?;
             let lease = ZkLocks::acquire(self, name, options).await?;
             Ok(Box::new(lease) as Box<dyn FencedLease>)
         })

@@ -257,6 +257,7 @@ impl FencedLocks for HttpLocks {
         options: &'a LockOptions,
     ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
         Box::pin(async move {
+            options.plain_lock_only("palisade HTTP")?;
             let body = json!({
                 "session_id": self.id,
                 "session_key": self.key,
