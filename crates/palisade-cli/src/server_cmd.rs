@@ -849,14 +849,37 @@ pub async fn locks(a: QueryArgs) -> Result<i32> {
             .iter()
             .map(|l| {
                 let h = l.holder.as_ref();
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "name": l.name,
                     "holder": h.map(|h| h.session.get()),
                     "holder_label": h.map_or("", |h| h.label.as_str()),
                     "token": h.map(|h| h.token.get()),
                     "waiters": l.waiters.iter().map(|w| w.get()).collect::<Vec<_>>(),
                     "in_lock_delay": l.in_lock_delay,
-                })
+                });
+                // A plain lock reads as it always did; a recipe adds what it
+                // is and every holder.
+                if l.shape != "mutex" {
+                    v["shape"] = l.shape.clone().into();
+                    if l.permits > 0 {
+                        v["permits"] = l.permits.into();
+                    }
+                    v["holders"] = l
+                        .holders
+                        .iter()
+                        .map(|h| {
+                            serde_json::json!({
+                                "session": h.session.get(),
+                                "label": h.label,
+                                "token": h.token.get(),
+                                "shared": h.shared,
+                                "slot": h.slot,
+                                "value": h.value,
+                            })
+                        })
+                        .collect();
+                }
+                v
             })
             .collect();
         println!("{}", serde_json::Value::Array(all));
@@ -868,8 +891,23 @@ pub async fn locks(a: QueryArgs) -> Result<i32> {
         for l in &locks {
             let h = l.holder.as_ref();
             let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+            let recipe = match l.shape.as_str() {
+                "mutex" => String::new(),
+                "semaphore" => {
+                    format!(" (semaphore: {} of {} permits)", l.holders.len(), l.permits)
+                }
+                "read_write" if l.holders.iter().any(|h| h.shared) => {
+                    format!(" (read/write: {} readers)", l.holders.len())
+                }
+                "read_write" => " (read/write: the writer)".to_owned(),
+                "election" => format!(
+                    " (election: leader's value {:?})",
+                    h.map_or("", |h| h.value.as_str())
+                ),
+                other => format!(" ({other})"),
+            };
             println!(
-                "{:<32} {:>8} {:>10} {:>8}  {}{}",
+                "{:<32} {:>8} {:>10} {:>8}  {}{}{recipe}",
                 l.name,
                 or_dash(h.map(|h| h.session.to_string())),
                 or_dash(h.map(|h| h.token.to_string())),

@@ -436,3 +436,69 @@ fn followers_name_the_leader_and_grpc_still_answers_on_the_same_port() {
         .unwrap();
     assert!(status.status.success(), "{status:?}");
 }
+
+/// The recipes over JSON: a permit answers its slot, a recipe's LOCK says
+/// what it is and lists every holder, a leader proclaims, and a claim of the
+/// wrong shape is `wrong_shape` (409) and changes nothing.
+#[test]
+fn recipes_over_json_answer_slots_list_holders_and_refuse_the_wrong_shape() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let addr = node.addr();
+    let (a, b) = (Session::open(&addr), Session::open(&addr));
+    let permit = |s: &Session| {
+        post(
+            &addr,
+            "/v1/locks/acquire",
+            &s.with(json!({"name": "pool", "claim": "permit", "permits": 2})),
+        )
+    };
+    let (code, first) = permit(&a);
+    assert_eq!((code, first["slot"].as_u64()), (200, Some(0)), "{first}");
+    let (code, second) = permit(&b);
+    assert_eq!((code, second["slot"].as_u64()), (200, Some(1)), "{second}");
+    let (code, body) = get(&addr, "/v1/lock?name=pool");
+    assert_eq!(code, 200);
+    let lock = &body["lock"];
+    assert_eq!(
+        (lock["shape"].as_str(), lock["permits"].as_u64()),
+        (Some("semaphore"), Some(2))
+    );
+    assert_eq!(lock["holders"].as_array().map(Vec::len), Some(2), "{lock}");
+
+    let before = get(&addr, "/v1/lock?name=pool").1;
+    let c = Session::open(&addr);
+    for wrong in [
+        json!({"name": "pool"}),
+        json!({"name": "pool", "claim": "permit", "permits": 3}),
+        json!({"name": "pool", "claim": "read"}),
+    ] {
+        let (code, body) = post(&addr, "/v1/locks/acquire", &c.with(wrong));
+        assert_eq!((code, error_code(&body)), (409, "wrong_shape"), "{body}");
+    }
+    assert_eq!(get(&addr, "/v1/lock?name=pool").1, before);
+    let (code, body) = post(
+        &addr,
+        "/v1/locks/acquire",
+        &c.with(json!({"name": "x", "permits": 3})),
+    );
+    assert_eq!((code, error_code(&body)), (400, "invalid_input"), "{body}");
+
+    let (code, led) = post(
+        &addr,
+        "/v1/locks/acquire",
+        &c.with(json!({"name": "primary", "claim": "lead", "value": "10.0.0.7:5432"})),
+    );
+    assert_eq!(code, 200, "{led}");
+    let proclaim = |s: &Session, name: &str, value: &str| {
+        post(
+            &addr,
+            "/v1/locks/proclaim",
+            &s.with(json!({"name": name, "token": led["token"], "value": value})),
+        )
+    };
+    assert_eq!(proclaim(&c, "primary", "10.0.0.7:6432").0, 200);
+    let (_, body) = get(&addr, "/v1/lock?name=primary");
+    assert_eq!(body["lock"]["holders"][0]["value"], "10.0.0.7:6432");
+    let (code, body) = proclaim(&a, "primary", "me");
+    assert_eq!((code, error_code(&body)), (409, "not_holder"), "{body}");
+}

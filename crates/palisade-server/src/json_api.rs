@@ -23,7 +23,7 @@ use palisade_proto::v1::locks_server::Locks;
 use palisade_proto::v1::{
     AcquireRequest, CancelAcquireRequest, CheckTokenRequest, ClaimKind, CloseSessionRequest,
     CreateSessionRequest, GetRequest, KeepAliveRequest, ListRequest, LockInfo, Member,
-    ReleaseRequest, StatusRequest,
+    ProclaimRequest, ReleaseRequest, StatusRequest,
 };
 use palisade_proto::{CURRENT_TOKEN_KEY, ErrorCode, LEADER_KEY, PRESENTED_TOKEN_KEY};
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
@@ -49,6 +49,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/locks/acquire", post(acquire))
         .route("/v1/locks/cancel", post(cancel))
         .route("/v1/locks/release", post(release))
+        .route("/v1/locks/proclaim", post(proclaim))
         .route("/v1/lock", get(get_lock))
         .route("/v1/locks", get(list))
         .route("/v1/check-token", get(check_token))
@@ -224,6 +225,16 @@ struct CancelBody {
     session_id: Decimal,
     session_key: SessionKey,
     name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProclaimBody {
+    session_id: Decimal,
+    session_key: SessionKey,
+    name: String,
+    token: Decimal,
+    value: String,
 }
 
 #[derive(Deserialize)]
@@ -545,6 +556,18 @@ async fn release(State(api): State<Api>, request: Request) -> Response {
         session_key: r.session_key.0,
     };
     respond(api.release(grpc(parts, message)).await, |_| json!({}))
+}
+
+async fn proclaim(State(api): State<Api>, request: Request) -> Response {
+    let (parts, r) = body_or_answer!(request, ProclaimBody);
+    let message = ProclaimRequest {
+        session_id: r.session_id.0,
+        name: r.name,
+        token: r.token.0,
+        value: r.value,
+        session_key: r.session_key.0,
+    };
+    respond(api.proclaim(grpc(parts, message)).await, |_| json!({}))
 }
 
 async fn get_lock(State(api): State<Api>, request: Request) -> Response {

@@ -91,6 +91,7 @@ impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Shape::Semaphore { permits } => write!(f, "semaphore of {permits} permits"),
+            Shape::ReadWrite => f.write_str("read/write lock"),
             other => f.write_str(other.as_str()),
         }
     }

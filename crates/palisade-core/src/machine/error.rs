@@ -147,7 +147,7 @@ pub enum MachineError {
     },
     /// A lock-delay asked by a shared claim (a permit, a read lock).
     #[error(
-        "a lock-delay keeps the whole name unavailable after its holder expired; only an exclusive holder may ask for one, not a holder of a {shape}'s shared grant"
+        "only an exclusive claim (a plain lock, a writer, a leader) may ask for a lock-delay, not a shared one on a {shape}: a lock-delay keeps the whole name unavailable after its holder expired"
     )]
     LockDelayNeedsExclusive {
         /// The shape of the claim.
