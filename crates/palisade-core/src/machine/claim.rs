@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | [`Shape::Mutex`] | one | [`Claim::Lock`] |
 //! | [`Shape::Semaphore`] | up to `permits`, each in its own slot | [`Claim::Permit`] |
-//! | [`Shape::ReadWrite`] | any number of readers, or one writer | [`Claim::Read`], [`Claim::Write`] |
+//! | [`Shape::ReadWrite`] | up to [`MAX_READERS`] readers, or one writer | [`Claim::Read`], [`Claim::Write`] |
 //! | [`Shape::Election`] | one leader, with a value | [`Claim::Lead`] |
 //!
 //! The queue is strictly FIFO for every shape: a claim is granted at once only
@@ -42,6 +42,9 @@ use super::error::MachineError;
 /// Most permits one semaphore may have: the same bound as a lock's queue.
 pub const MAX_PERMITS: u32 = super::MAX_WAITERS_PER_LOCK as u32;
 
+/// Most readers of one read/write lock at once; more wait their turn.
+pub const MAX_READERS: usize = super::MAX_WAITERS_PER_LOCK;
+
 /// Longest value a candidate or leader may carry, in bytes (etcd's election
 /// values are meant for an address or an id, not for data).
 pub const MAX_VALUE_LEN: usize = 1024;
@@ -59,7 +62,7 @@ pub enum Shape {
         /// How many holders at once, `1..=`[`MAX_PERMITS`].
         permits: u32,
     },
-    /// Any number of readers, or one writer.
+    /// Readers (up to [`MAX_READERS`] at once), or one writer.
     ReadWrite,
     /// One leader at a time, who carries a value; the waiters are candidates.
     Election,
@@ -71,8 +74,9 @@ impl Shape {
         match self {
             Shape::Mutex | Shape::Election => 1,
             Shape::Semaphore { permits } => permits as usize,
-            // Bounded in practice by the sessions alive.
-            Shape::ReadWrite => super::MAX_SESSIONS,
+            // Readers beyond this wait, as behind a full semaphore: it bounds
+            // the work of each grant and release (linear in the holders).
+            Shape::ReadWrite => MAX_READERS,
         }
     }
 

@@ -316,3 +316,23 @@ fn recipes_survive_a_snapshot_and_go_on_identically() {
     let result = std::panic::catch_unwind(|| h.m.to_format_3_bytes());
     assert!(result.is_err());
 }
+
+#[test]
+fn readers_past_the_bound_wait_their_turn() {
+    let mut h = Harness::new();
+    let readers: Vec<SessionId> = (0..=claim::MAX_READERS)
+        .map(|_| match h.bulk(create(10_000, "r")).outcome {
+            Ok(Reply::SessionCreated { session }) => session,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for r in &readers[..claim::MAX_READERS] {
+        tokens.push(granted(&h.bulk(claim(*r, "doc", Claim::Read, true))).0);
+    }
+    let last = readers[claim::MAX_READERS];
+    assert_eq!(queued(&h.apply(claim(last, "doc", Claim::Read, true))), 1);
+    let freed = h.apply(release(readers[0], "doc", tokens[0]));
+    assert_eq!(freed.grants.len(), 1);
+    assert_eq!(freed.grants[0].session, last);
+}
