@@ -4,18 +4,24 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::history::{EventKind, History};
+use crate::history::{EventKind, History, Holding};
 
 /// What one history shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
     /// Pairs of grants to different clients whose believed-held intervals on one
-    /// lock intersect.
+    /// lock intersect, unless both are reads or permits in different slots.
     pub overlaps: usize,
+    /// Permits granted beyond their semaphore's size: a slot outside it, or
+    /// more permits believed held at once than it has.
+    pub over_capacity: usize,
     /// Writes the resource accepted that it should not have (see the crate docs).
     pub stale_writes_accepted: usize,
     /// Writes the resource refused.
     pub stale_writes_rejected: usize,
+    /// Token-checked reads the resource answered although a write with a
+    /// higher token had been accepted before them.
+    pub stale_reads_accepted: usize,
     /// Accepted counter writes whose read missed the previous accepted write.
     pub lost_updates: usize,
     /// Pairs of grants on one lock where the earlier (in real time) has a token
@@ -37,10 +43,14 @@ pub struct Violations {
     /// Pairs of `AcquireOk` events (earlier-recorded first) whose believed-held
     /// intervals overlap; one per counted overlap.
     pub overlapping_grants: Vec<(usize, usize)>,
+    /// Permit `AcquireOk` events beyond their semaphore's size.
+    pub over_capacity: Vec<usize>,
     /// Accepted `Write` events that were stale.
     pub stale_accepted: Vec<usize>,
     /// Refused `Write` events.
     pub stale_rejected: Vec<usize>,
+    /// Answered `Read` events that were stale.
+    pub stale_reads: Vec<usize>,
     /// Accepted `Write` events whose read missed the previous accepted write.
     pub lost_updates: Vec<usize>,
     /// Pairs of `AcquireOk` events on one lock whose tokens are duplicated or go
@@ -56,8 +66,10 @@ impl Violations {
     pub fn report(&self) -> Report {
         Report {
             overlaps: self.overlapping_grants.len(),
+            over_capacity: self.over_capacity.len(),
             stale_writes_accepted: self.stale_accepted.len(),
             stale_writes_rejected: self.stale_rejected.len(),
+            stale_reads_accepted: self.stale_reads.len(),
             lost_updates: self.lost_updates.len(),
             non_monotonic_tokens: self.non_monotonic.len(),
             linearizable: self.linearizable,
@@ -74,6 +86,8 @@ pub(crate) struct Grant {
     pub(crate) invoked_at: u64,
     pub(crate) ok_at: u64,
     pub(crate) token: Option<u64>,
+    /// What it holds.
+    pub(crate) holding: Holding,
     /// When the client stopped believing it held the lock (release invoked, lease
     /// reported lost, validity ended); `u64::MAX` if never.
     pub(crate) believed_until: u64,
@@ -93,6 +107,7 @@ pub(crate) fn grants(h: &History) -> Vec<Grant> {
                 lock,
                 token,
                 valid_until_us,
+                holding,
             } => {
                 let key = (e.client, lock.clone());
                 open.insert(key.clone(), out.len());
@@ -103,6 +118,7 @@ pub(crate) fn grants(h: &History) -> Vec<Grant> {
                     invoked_at: invoked.get(&key).copied().unwrap_or(e.at_us),
                     ok_at: e.at_us,
                     token: *token,
+                    holding: *holding,
                     believed_until: valid_until_us.unwrap_or(u64::MAX),
                 });
             }
@@ -131,6 +147,7 @@ pub fn violations(h: &History) -> Violations {
         for b in &grants[i + 1..] {
             if a.lock == b.lock
                 && a.client != b.client
+                && !a.holding.compatible(b.holding)
                 && a.ok_at < b.believed_until
                 && b.ok_at < a.believed_until
             {
@@ -138,10 +155,28 @@ pub fn violations(h: &History) -> Violations {
             }
         }
     }
+    found.over_capacity = over_capacity(&grants);
 
+    // Per resource: the highest token of an accepted write, and of an
+    // answered read. A read is stale below the first; a write below either
+    // (a writer's token is above every reader's before it).
     let mut highest: HashMap<&str, u64> = HashMap::new();
+    let mut read_mark: HashMap<&str, u64> = HashMap::new();
     let mut counter: HashMap<&str, i64> = HashMap::new();
     for (index, e) in h.events.iter().enumerate() {
+        if let EventKind::Read {
+            resource,
+            token: Some(t),
+            accepted: true,
+            ..
+        } = &e.kind
+        {
+            if highest.get(resource.as_str()).is_some_and(|seen| t < seen) {
+                found.stale_reads.push(index);
+            }
+            let mark = read_mark.entry(resource).or_insert(0);
+            *mark = (*mark).max(*t);
+        }
         let EventKind::Write {
             lock,
             resource,
@@ -159,8 +194,9 @@ pub fn violations(h: &History) -> Violations {
         }
         let stale = match token {
             Some(t) => {
+                let read = read_mark.get(resource.as_str()).copied().unwrap_or(0);
                 let seen = highest.entry(resource).or_insert(0);
-                let stale = *t < *seen;
+                let stale = *t < (*seen).max(read);
                 *seen = (*seen).max(*t);
                 stale
             }
@@ -199,6 +235,15 @@ pub fn violations(h: &History) -> Violations {
     for gs in by_lock.values() {
         for (i, a) in gs.iter().enumerate() {
             for b in &gs[i + 1..] {
+                // Grants that may be held together need not be ordered: one
+                // entry lets readers in at once (and permits in different
+                // slots), and a grant retried by its holder comes back with
+                // its old token while the others went on. The tokens of each
+                // slot, and of writers among readers, are what a fenced
+                // resource relies on.
+                if a.holding.compatible(b.holding) {
+                    continue;
+                }
                 let (ta, tb) = (a.token.unwrap_or(0), b.token.unwrap_or(0));
                 // A token issued twice breaks the model whatever the timing.
                 let duplicate = ta == tb;
@@ -216,11 +261,36 @@ pub fn violations(h: &History) -> Violations {
     found
 }
 
+/// The permits granted beyond their semaphore's size: in a slot outside it,
+/// or while as many other clients' permits as it has were believed held.
+fn over_capacity(grants: &[Grant]) -> Vec<usize> {
+    let mut found = Vec::new();
+    for g in grants {
+        let Holding::Permit { slot, of } = g.holding else {
+            continue;
+        };
+        let beside = grants
+            .iter()
+            .filter(|o| {
+                o.lock == g.lock
+                    && o.client != g.client
+                    && matches!(o.holding, Holding::Permit { .. })
+                    && o.ok_at <= g.ok_at
+                    && g.ok_at < o.believed_until
+            })
+            .count();
+        if slot >= of || beside >= of as usize {
+            found.push(g.event);
+        }
+    }
+    found
+}
+
 /// Event builders and the hand-written histories the checker is tested on,
 /// shared with the summary and timeline tests.
 #[cfg(test)]
 pub(crate) mod fixtures {
-    use crate::history::{Event, EventKind, History};
+    use crate::history::{Event, EventKind, History, Holding};
 
     pub(crate) fn ev(at_us: u64, client: u32, kind: EventKind) -> Event {
         Event {
@@ -240,6 +310,7 @@ pub(crate) mod fixtures {
                 lock: "L".into(),
                 token,
                 valid_until_us: None,
+                holding: Holding::Lock,
             },
         )
     }
@@ -375,6 +446,7 @@ pub(crate) mod fixtures {
 mod tests {
     use super::fixtures::*;
     use super::*;
+    use crate::history::Event;
 
     #[test]
     fn a_clean_fenced_history_has_no_violation() {
@@ -478,6 +550,125 @@ mod tests {
     #[test]
     fn histories_round_trip_through_json() {
         let h = history(vec![ok(10, 1, Some(7)), write(20, 1, Some(7), true, 0)]);
+        let back: History = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+        assert_eq!(back.events, h.events);
+    }
+
+    fn claim(at: u64, c: u32, token: u64, holding: Holding) -> Event {
+        ev(
+            at,
+            c,
+            EventKind::AcquireOk {
+                lock: "L".into(),
+                token: Some(token),
+                valid_until_us: None,
+                holding,
+            },
+        )
+    }
+
+    fn read(at: u64, c: u32, token: u64, accepted: bool) -> Event {
+        ev(
+            at,
+            c,
+            EventKind::Read {
+                lock: "L".into(),
+                resource: "counter".into(),
+                token: Some(token),
+                accepted,
+            },
+        )
+    }
+
+    fn permit(slot: u32) -> Holding {
+        Holding::Permit { slot, of: 2 }
+    }
+
+    #[test]
+    fn readers_together_and_permits_in_different_slots_are_no_overlap_even_with_one_token() {
+        let r = check(&history(vec![
+            claim(10, 1, 5, Holding::Read),
+            claim(11, 2, 5, Holding::Read),
+            claim(12, 3, 7, Holding::Read),
+            // A reader's retry answered with the grant it already had.
+            invoke(13, 4),
+            claim(14, 4, 3, Holding::Read),
+            release(20, 1),
+            release(20, 2),
+            release(20, 3),
+            release(20, 4),
+            claim(30, 1, 9, permit(0)),
+            claim(31, 2, 9, permit(1)),
+        ]));
+        assert_eq!(
+            r,
+            Report {
+                linearizable: Some(true),
+                ..Report::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_writer_beside_a_reader_two_leaders_and_one_slot_twice_are_overlaps() {
+        let cases = [
+            (Holding::Read, Holding::Write),
+            (Holding::Write, Holding::Write),
+            (Holding::Lead, Holding::Lead),
+            (permit(1), permit(1)),
+        ];
+        for (a, b) in cases {
+            let r = check(&history(vec![claim(10, 1, 5, a), claim(11, 2, 7, b)]));
+            assert_eq!(r.overlaps, 1, "{a:?} beside {b:?}");
+            // The same token twice is a duplicate for these, not for readers.
+            let r = check(&history(vec![claim(10, 1, 5, a), claim(11, 2, 5, b)]));
+            assert_eq!(r.non_monotonic_tokens, 1, "{a:?} and {b:?} sharing a token");
+        }
+    }
+
+    #[test]
+    fn a_permit_beyond_the_semaphore_is_over_capacity() {
+        let third = check(&history(vec![
+            claim(10, 1, 5, permit(0)),
+            claim(11, 2, 7, permit(1)),
+            claim(12, 3, 9, Holding::Permit { slot: 2, of: 2 }),
+        ]));
+        assert_eq!(third.over_capacity, 1);
+        assert_eq!(third.overlaps, 0);
+        // In a slot inside the semaphore, but with two others held.
+        let crowded = check(&history(vec![
+            claim(10, 1, 5, permit(0)),
+            claim(11, 2, 7, permit(1)),
+            claim(12, 3, 9, permit(0)),
+        ]));
+        assert_eq!(crowded.over_capacity, 1);
+        // After one of them let go, the third fits.
+        let after = check(&history(vec![
+            claim(10, 1, 5, permit(0)),
+            claim(11, 2, 7, permit(1)),
+            release(12, 1),
+            claim(13, 3, 9, permit(0)),
+        ]));
+        assert_eq!(after.over_capacity, 0);
+        assert_eq!(after.overlaps, 0);
+    }
+
+    #[test]
+    fn a_read_answered_under_a_token_below_an_accepted_write_is_stale() {
+        let h = history(vec![
+            claim(10, 1, 5, Holding::Read),
+            claim(20, 2, 7, Holding::Write),
+            write(21, 2, Some(7), true, 0),
+            read(22, 1, 5, true),
+            read(23, 1, 5, false),
+            read(24, 3, 9, true),
+            // A write under 8 after the read under 9: the reader's data
+            // changed under it.
+            write(25, 4, Some(8), true, 1),
+        ]);
+        let r = check(&h);
+        assert_eq!(r.stale_reads_accepted, 1);
+        assert_eq!(r.stale_writes_accepted, 1);
         let back: History = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
         assert_eq!(back.events, h.events);
     }

@@ -50,6 +50,10 @@ pub enum EventKind {
         token: Option<u64>,
         /// End of the guaranteed validity, harness clock.
         valid_until_us: Option<u64>,
+        /// What the grant holds, when it is a recipe's claim rather than a
+        /// plain lock.
+        #[serde(default, skip_serializing_if = "Holding::is_lock")]
+        holding: Holding,
     },
     /// The acquire definitely failed.
     AcquireFail {
@@ -97,4 +101,66 @@ pub enum EventKind {
         /// The value it wrote (`read + 1` for a counter).
         wrote: i64,
     },
+    /// The resource decided on a token-checked read made under a read lock:
+    /// accepted only if no write with a higher token was accepted before it.
+    Read {
+        /// The lock the reader believed it held.
+        lock: String,
+        /// The resource read.
+        resource: String,
+        /// The token presented.
+        token: Option<u64>,
+        /// Whether the resource answered it.
+        accepted: bool,
+    },
+}
+
+/// What a grant holds: a plain lock, or one of the recipes' claims (see
+/// docs/recipes.md). Two grants on one lock may be held at once only if both
+/// are reads, or both are permits in different slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "as", rename_all = "snake_case")]
+pub enum Holding {
+    /// A mutex.
+    #[default]
+    Lock,
+    /// Permit `slot` of a semaphore of `of`.
+    Permit {
+        /// Which of the permits (`0..of`).
+        slot: u32,
+        /// The semaphore's size.
+        of: u32,
+    },
+    /// A shared read lock.
+    Read,
+    /// An exclusive write lock.
+    Write,
+    /// Leadership of an election.
+    Lead,
+}
+
+impl Holding {
+    /// Whether this is a plain lock (what a history without recipes holds).
+    pub fn is_lock(&self) -> bool {
+        *self == Holding::Lock
+    }
+
+    /// Whether a grant holding `self` and another holding `other`, on the same
+    /// lock, may both be held at once.
+    pub fn compatible(self, other: Holding) -> bool {
+        match (self, other) {
+            (Holding::Read, Holding::Read) => true,
+            (Holding::Permit { slot: a, .. }, Holding::Permit { slot: b, .. }) => a != b,
+            _ => false,
+        }
+    }
+
+    /// What tokens are compared within: the lock for most, the slot for a
+    /// permit (each slot is a mutex of its own).
+    pub fn slot(self) -> Option<u32> {
+        match self {
+            Holding::Permit { slot, .. } => Some(slot),
+            _ => None,
+        }
+    }
 }

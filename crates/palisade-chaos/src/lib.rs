@@ -31,6 +31,6 @@ mod summary;
 mod timeline;
 
 pub use checker::{Report, Violations, check, violations};
-pub use history::{Event, EventKind, History};
+pub use history::{Event, EventKind, History, Holding};
 pub use summary::Summary;
 pub use timeline::timeline_svg;

@@ -194,6 +194,9 @@ pub struct Planted {
     /// A new leader expires every session at once instead of restarting its
     /// countdown at the full TTL.
     pub no_lease_restart: bool,
+    /// Departures from the recipes' rules in the state machine (an extra
+    /// permit, a writer beside readers, a second leader).
+    pub recipes: palisade_core::machine::RecipeBugs,
 }
 
 impl Io {

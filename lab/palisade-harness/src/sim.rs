@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use palisade_sim::{FaultSet, OutcomeLine, Planted, SimConfig};
+use palisade_sim::{FaultSet, OutcomeLine, Planted, RecipeBugs, SimConfig};
 
 use crate::exit;
 
@@ -27,6 +27,12 @@ pub enum PlantArg {
     /// A new leader expires every session at once instead of restarting its
     /// countdown at the full TTL.
     NoLeaseRestart,
+    /// A semaphore admits one permit more than it has.
+    ExtraPermit,
+    /// A read/write lock lets a writer in while readers hold.
+    WriterBesideReaders,
+    /// An election seats a second leader beside the first.
+    SecondLeader,
 }
 
 /// `palisade sim`.
@@ -93,6 +99,11 @@ impl SimArgs {
         config.planted = Planted {
             ack_before_sync: self.plant.contains(&PlantArg::AckBeforeSync),
             no_lease_restart: self.plant.contains(&PlantArg::NoLeaseRestart),
+            recipes: RecipeBugs {
+                extra_permit: self.plant.contains(&PlantArg::ExtraPermit),
+                writer_beside_readers: self.plant.contains(&PlantArg::WriterBesideReaders),
+                second_leader: self.plant.contains(&PlantArg::SecondLeader),
+            },
         };
         config
     }

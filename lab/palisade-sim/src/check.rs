@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use palisade_chaos::{EventKind, History, Report};
+use palisade_chaos::{EventKind, History, Holding, Report};
 use palisade_server::io::AppliedEntry;
 
 /// How long after the last fault healed the cluster may take to serve again
@@ -82,6 +82,18 @@ pub fn judge(h: &History, healed_at_us: u64, end_us: u64) -> Verdict {
             report.overlaps
         ));
     }
+    if report.over_capacity > 0 {
+        violations.push(format!(
+            "{} permits granted beyond their semaphore's size",
+            report.over_capacity
+        ));
+    }
+    if report.stale_reads_accepted > 0 {
+        violations.push(format!(
+            "{} reads answered under a token a writer had overtaken",
+            report.stale_reads_accepted
+        ));
+    }
     if report.stale_writes_accepted > 0 {
         violations.push(format!(
             "{} stale writes accepted by the fenced resource",
@@ -101,21 +113,32 @@ pub fn judge(h: &History, healed_at_us: u64, end_us: u64) -> Verdict {
         violations.push("the grants do not fit a fenced mutex".into());
     }
 
-    // Per lock, in the order the clients learnt of their grants: tokens only
-    // go up and none is granted twice. (A grant is learnt only after the
-    // previous holder's release or expiry, so grant order and learning order
-    // agree — unless a grant was acted on too late, which is a violation.)
-    let mut last: BTreeMap<&str, (u64, u32)> = BTreeMap::new();
+    // Per lock (per slot, for a semaphore's permits), in the order the
+    // clients learnt of their grants: an exclusive grant's token is above
+    // every token learnt before it, a reader's above every writer's. (A grant
+    // is learnt only after the previous exclusive holder's release or expiry,
+    // so grant order and learning order agree — unless a grant was acted on
+    // too late, which is a violation. Readers may learn theirs in any order.)
+    #[derive(Default)]
+    struct Seen {
+        any: Option<(u64, u32)>,
+        exclusive: Option<(u64, u32)>,
+    }
+    let mut last: BTreeMap<(&str, Option<u32>), Seen> = BTreeMap::new();
     let mut grants = 0;
     for e in &h.events {
         if let EventKind::AcquireOk {
             lock,
             token: Some(token),
+            holding,
             ..
         } = &e.kind
         {
             grants += 1;
-            if let Some(&(before, by)) = last.get(lock.as_str())
+            let seen = last.entry((lock.as_str(), holding.slot())).or_default();
+            let shared = *holding == Holding::Read;
+            let above = if shared { seen.exclusive } else { seen.any };
+            if let Some((before, by)) = above
                 && *token <= before
             {
                 violations.push(format!(
@@ -124,7 +147,12 @@ pub fn judge(h: &History, healed_at_us: u64, end_us: u64) -> Verdict {
                     e.client, e.at_us
                 ));
             }
-            last.insert(lock, (*token, e.client));
+            if seen.any.is_none_or(|(t, _)| *token > t) {
+                seen.any = Some((*token, e.client));
+            }
+            if !shared {
+                seen.exclusive = Some((*token, e.client));
+            }
         }
     }
 
@@ -268,6 +296,7 @@ mod tests {
                     lock: lock(),
                     token: Some(1),
                     valid_until_us: Some(7_000_000),
+                    holding: Holding::Lock,
                 },
             ),
             ev(6.5, 2, EventKind::AcquireInvoke { lock: lock() }),

@@ -51,6 +51,7 @@ const CLIENT_PORT: u16 = 7001;
 /// The port every node's peer listener uses.
 const PEER_PORT: u16 = 7002;
 
+pub use palisade_core::machine::RecipeBugs;
 pub use palisade_server::io::Planted;
 
 /// One simulation run.
@@ -64,6 +65,9 @@ pub struct SimConfig {
     pub clients: usize,
     /// How many distinct locks the clients contend for.
     pub locks: usize,
+    /// Whether the clients also claim the recipes: a semaphore, a read/write
+    /// lock and an election, beside the plain locks (on by default).
+    pub recipes: bool,
     /// Which faults the nemesis may inject.
     pub faults: FaultSet,
     /// Faults are injected from the first leader until this much later.
@@ -84,14 +88,15 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// The defaults for `seed`: 3 nodes, 4 clients on 2 locks, every fault, 20 s
-    /// of faults and 10 s of quiet.
+    /// The defaults for `seed`: 3 nodes, 4 clients on 2 locks and the three
+    /// recipes, every fault, 20 s of faults and 10 s of quiet.
     pub fn new(seed: u64) -> SimConfig {
         SimConfig {
             seed,
             nodes: 3,
             clients: 4,
             locks: 2,
+            recipes: true,
             faults: FaultSet::all(),
             fault_window: Duration::from_secs(20),
             quiet: Duration::from_secs(10),
@@ -165,6 +170,11 @@ impl OutcomeLine {
     /// What went wrong, in one line.
     pub fn failure(&self) -> String {
         match &self.aborted {
+            // What the history showed up to there is worth saying too.
+            Some(why) if !self.violations.is_empty() => format!(
+                "the run did not complete: {why}; before that: {}",
+                self.violations.join("; ")
+            ),
             Some(why) => format!("the run did not complete: {why}"),
             None => self.violations.join("; "),
         }
@@ -426,6 +436,7 @@ pub fn run(config: &SimConfig) -> Outcome {
             client: c,
             endpoints: endpoints(config.nodes),
             locks: config.locks,
+            recipes: config.recipes,
             seed: config.seed.wrapping_mul(31).wrapping_add(u64::from(c)),
             end_us,
             pauses: config.faults.contains(Fault::ClientPause),

@@ -8,8 +8,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_chaos::EventKind;
-use palisade_client::{AcquireOptions, Client, ClientConfig, ClientError};
+use palisade_chaos::{EventKind, Holding};
+use palisade_client::{AcquireOptions, Claim, Client, ClientConfig, ClientError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -17,6 +17,16 @@ use crate::{Recorder, sim_now_us};
 
 /// Every client's session lease.
 pub const SESSION_TTL: Duration = Duration::from_secs(2);
+
+/// The recipes' names, beside the plain locks: a semaphore of
+/// [`SEMAPHORE_PERMITS`], a read/write lock, an election.
+pub const SEMAPHORE: &str = "sem-0";
+/// See [`SEMAPHORE`].
+pub const READ_WRITE: &str = "rw-0";
+/// See [`SEMAPHORE`].
+pub const ELECTION: &str = "leader-0";
+/// The semaphore's size: fewer than the default four clients, so they contend.
+pub const SEMAPHORE_PERMITS: u32 = 2;
 
 /// One client's part in a run.
 #[derive(Debug, Clone)]
@@ -27,6 +37,10 @@ pub struct Plan {
     pub endpoints: Vec<String>,
     /// It contends for `lock-0` … `lock-{locks-1}`.
     pub locks: usize,
+    /// Whether it also claims the recipes ([`SEMAPHORE`], [`READ_WRITE`],
+    /// [`ELECTION`]): then each acquire is one of the four shapes, equally
+    /// likely.
+    pub recipes: bool,
     /// Its own random choices follow from it.
     pub seed: u64,
     /// It starts no new acquire after this (simulated µs).
@@ -37,27 +51,88 @@ pub struct Plan {
     pub pauses: bool,
 }
 
-/// The resource the clients write to: per lock, a counter guarded by the
-/// highest token it has accepted (what `palisade_fence::Fence` does, kept in
-/// the simulation so that its decisions land in the history in order).
+/// The resource the clients write to: per lock (per slot of the semaphore),
+/// a counter guarded by the highest token it has accepted (what
+/// `palisade_fence::Fence` does, kept in the simulation so that its decisions
+/// land in the history in order).
 #[derive(Debug, Clone, Default)]
 pub struct Fence {
-    state: Rc<RefCell<BTreeMap<String, (u64, i64)>>>,
+    state: Rc<RefCell<BTreeMap<String, Resource>>>,
 }
 
 impl Fence {
     /// A write of `value + 1` under `token`: accepted unless a higher token
-    /// was already accepted. Returns `(accepted, read, wrote)`.
-    fn write(&self, lock: &str, token: u64) -> (bool, i64, i64) {
+    /// was already accepted, by a write or a read. Returns `(accepted, read,
+    /// wrote)`.
+    fn write(&self, resource: &str, token: u64) -> (bool, i64, i64) {
         let mut state = self.state.borrow_mut();
-        let (highest, value) = state.entry(lock.to_owned()).or_insert((0, 0));
-        let read = *value;
-        if token < *highest {
+        let r = state.entry(resource.to_owned()).or_default();
+        let read = r.value;
+        if token < r.written.max(r.read) {
             return (false, read, read + 1);
         }
-        *highest = token;
-        *value += 1;
+        r.written = token;
+        r.value += 1;
         (true, read, read + 1)
+    }
+
+    /// A read under `token`: answered unless a write under a higher token
+    /// was accepted (the reader was overtaken by a writer).
+    fn read(&self, resource: &str, token: u64) -> bool {
+        let mut state = self.state.borrow_mut();
+        let r = state.entry(resource.to_owned()).or_default();
+        if token < r.written {
+            return false;
+        }
+        r.read = r.read.max(token);
+        true
+    }
+}
+
+/// One fenced resource: the highest tokens it accepted, and its counter.
+#[derive(Debug, Clone, Copy, Default)]
+struct Resource {
+    written: u64,
+    read: u64,
+    value: i64,
+}
+
+/// What a client claims next, drawn from its seed: the name, and the claim.
+fn next_claim(plan: &Plan, rng: &mut SmallRng) -> (String, Claim) {
+    match if plan.recipes {
+        rng.random_range(0..4)
+    } else {
+        0
+    } {
+        1 => (
+            SEMAPHORE.into(),
+            Claim::Permit {
+                permits: SEMAPHORE_PERMITS,
+            },
+        ),
+        2 if rng.random_bool(0.3) => (READ_WRITE.into(), Claim::Write),
+        2 => (READ_WRITE.into(), Claim::Read),
+        3 => (
+            ELECTION.into(),
+            Claim::Lead {
+                value: format!("c{}", plan.client),
+            },
+        ),
+        _ => (
+            format!("lock-{}", rng.random_range(0..plan.locks)),
+            Claim::Lock,
+        ),
+    }
+}
+
+/// What the history records a grant of `claim` in `slot` as.
+fn holding(claim: &Claim, slot: u32) -> Holding {
+    match claim {
+        Claim::Lock => Holding::Lock,
+        Claim::Permit { permits } => Holding::Permit { slot, of: *permits },
+        Claim::Read => Holding::Read,
+        Claim::Write => Holding::Write,
+        Claim::Lead { .. } => Holding::Lead,
     }
 }
 
@@ -87,10 +162,11 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                 }
             },
         };
-        let lock = format!("lock-{}", rng.random_range(0..plan.locks));
+        let (lock, claim) = next_claim(&plan, &mut rng);
         rec.record(id, EventKind::AcquireInvoke { lock: lock.clone() });
         let options = AcquireOptions {
             wait: Duration::from_millis(rng.random_range(0..2_000)),
+            claim: claim.clone(),
             ..AcquireOptions::default()
         };
         match c.acquire(&lock, &options).await {
@@ -106,6 +182,7 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                         lock: lock.clone(),
                         token: Some(token),
                         valid_until_us: Some(valid_until_us),
+                        holding: holding(&claim, guard.slot()),
                     },
                 );
                 let paused = plan.pauses && rng.random_bool(0.1);
@@ -133,18 +210,31 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                         // What the client counts on as it writes.
                         rec.extend_guarantee(grant, guaranteed(&guard));
                     }
-                    let (accepted, read, wrote) = fence.write(&lock, token);
-                    rec.record(
-                        0,
+                    // Each permit guards a resource of its own (what a slot is
+                    // for); a reader reads, everyone else writes.
+                    let resource = match claim {
+                        Claim::Permit { .. } => format!("{lock}/slot-{}", guard.slot()),
+                        _ => lock.clone(),
+                    };
+                    let kind = if claim == Claim::Read {
+                        EventKind::Read {
+                            lock: lock.clone(),
+                            accepted: fence.read(&resource, token),
+                            resource,
+                            token: Some(token),
+                        }
+                    } else {
+                        let (accepted, read, wrote) = fence.write(&resource, token);
                         EventKind::Write {
                             lock: lock.clone(),
-                            resource: lock.clone(),
+                            resource,
                             token: Some(token),
                             accepted,
                             read,
                             wrote,
-                        },
-                    );
+                        }
+                    };
+                    rec.record(0, kind);
                 }
                 rec.record(id, EventKind::ReleaseInvoke { lock: lock.clone() });
                 match guard.release().await {

@@ -267,12 +267,13 @@ impl LockMachine {
     /// beside the holders, then forgets the entry if nobody holds, waits or
     /// serves a lock-delay.
     fn grant_ready(&mut self, index: u64, name: &str, grants: &mut Vec<Grant>) {
+        let bugs = self.bugs;
         let lock = self
             .locks
             .get_mut(name)
             .expect("caller passes an existing lock");
         while let Some(next) = lock.waiters.front()
-            && lock.admits(next.mode)
+            && lock.admits(next.mode, bugs)
         {
             let next = lock.waiters.pop_front().expect("front exists");
             let token = token_at(index);
@@ -348,6 +349,7 @@ impl LockMachine {
             0
         };
 
+        let bugs = self.bugs;
         let Some(lock) = self.locks.get_mut(&name) else {
             if at_limit {
                 return Err(too_many);
@@ -413,7 +415,7 @@ impl LockMachine {
             });
         }
         // FIFO: a claim that fits still waits behind anyone already waiting.
-        if lock.waiters.is_empty() && lock.admits(mode) {
+        if lock.waiters.is_empty() && lock.admits(mode, bugs) {
             if at_limit {
                 return Err(too_many);
             }

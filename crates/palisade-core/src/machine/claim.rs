@@ -198,3 +198,17 @@ pub(crate) fn check_value(value: &str) -> Result<(), MachineError> {
     }
     Ok(())
 }
+
+/// Bugs planted on purpose in the recipes' rules, each a one-line departure
+/// from them, so the simulator's own tests (and `palisade sim --plant`) can
+/// show that its checks catch them. All off anywhere else; never stored or
+/// replicated, so every node is given them by its process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecipeBugs {
+    /// A semaphore admits one permit more than it has.
+    pub extra_permit: bool,
+    /// A writer is let in while readers hold (as if it were a reader).
+    pub writer_beside_readers: bool,
+    /// An election seats a second leader beside the first.
+    pub second_leader: bool,
+}

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use serde::{Deserialize, Serialize};
 
-use super::claim::{MAX_PERMITS, MAX_VALUE_LEN, Mode, Shape};
+use super::claim::{MAX_PERMITS, MAX_VALUE_LEN, Mode, RecipeBugs, Shape};
 use super::command::{SessionId, SessionOwner};
 use super::error::InvariantViolation;
 use super::{MAX_LABEL_LEN, MAX_LOCK_DELAY_MS, MAX_LOCKS_PER_SESSION, MAX_SESSIONS};
@@ -32,6 +32,10 @@ pub struct LockMachine {
     /// stored, so the leader can bound sessions per identity without a scan.
     #[serde(skip)]
     pub(super) sessions_per_owner: OrdMap<String, usize>,
+    /// Planted bugs (none but in the simulator's tests): not state, so never
+    /// serialized.
+    #[serde(skip)]
+    pub(super) bugs: RecipeBugs,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,10 +110,19 @@ pub(super) struct LockState {
 impl LockState {
     /// Whether a claim in `mode` fits beside the current holders now (ignoring
     /// the queue; FIFO is the caller's business).
-    pub(super) fn admits(&self, mode: Mode) -> bool {
+    pub(super) fn admits(&self, mode: Mode, bugs: RecipeBugs) -> bool {
+        let extra = match self.shape {
+            Shape::Semaphore { .. } => bugs.extra_permit,
+            Shape::Election => bugs.second_leader,
+            _ => false,
+        };
         self.delay_since.is_none()
-            && self.holders.len() < self.shape.capacity()
+            && self.holders.len() < self.shape.capacity() + usize::from(extra)
             && match mode {
+                Mode::Exclusive if bugs.second_leader && self.shape == Shape::Election => true,
+                Mode::Exclusive if bugs.writer_beside_readers && self.shape == Shape::ReadWrite => {
+                    self.holders.iter().all(|h| h.mode == Mode::Shared)
+                }
                 Mode::Exclusive => self.holders.is_empty(),
                 Mode::Shared => self.holders.iter().all(|h| h.mode == Mode::Shared),
             }
@@ -171,6 +184,12 @@ impl LockMachine {
     /// An empty state, as before the first log entry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Plants `bugs` in the rules this machine applies from now on (the
+    /// simulator's tests only; see [`RecipeBugs`]).
+    pub fn plant(&mut self, bugs: RecipeBugs) {
+        self.bugs = bugs;
     }
 
     /// Index of the last applied entry (`0` before any).
@@ -330,7 +349,7 @@ impl LockMachine {
         }
         if lock.holders.len() > lock.shape.capacity() {
             return fail(format!(
-                "{name:?}, a {}, has {} holders",
+                "{name:?} ({}) has {} holders",
                 lock.shape,
                 lock.holders.len()
             ));
@@ -371,7 +390,7 @@ impl LockMachine {
         // No wake-up is ever lost: whoever is first in line does not fit now
         // (else the entry that made room would have granted it).
         if let Some(first) = lock.waiters.front()
-            && lock.admits(first.mode)
+            && lock.admits(first.mode, RecipeBugs::default())
         {
             return fail(format!(
                 "{name:?} could grant its first waiter {} but did not",

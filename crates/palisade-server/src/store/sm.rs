@@ -285,6 +285,7 @@ impl StateMachineStore {
             stats.index = last_applied.map_or(0, |l| l.index);
             stats.bytes = stored.data.len() as u64;
         }
+        machine.plant(io.planted.recipes);
         Ok(StateMachineStore {
             shared: Arc::new(Shared {
                 machine: RwLock::new(machine),
@@ -631,7 +632,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .io
             .blocking(move || (LockMachine::from_snapshot_bytes(&data), data))
             .await?;
-        let machine = machine.map_err(io_err)?;
+        let mut machine = machine.map_err(io_err)?;
+        machine.plant(self.io.planted.recipes);
         let bytes = data.len() as u64;
         self.save_snapshot(StoredSnapshot {
             meta: meta.clone(),

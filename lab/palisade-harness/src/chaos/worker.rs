@@ -395,6 +395,7 @@ async fn acquire(
                         lock: lock.into(),
                         token: None,
                         valid_until_us: Some(valid_until),
+                        holding: palisade_chaos::Holding::Lock,
                     });
                     Ok((lock.to_owned(), Held::Redis(guard)))
                 }
@@ -439,6 +440,7 @@ async fn acquire(
                         lock: lock.into(),
                         token: Some(token),
                         valid_until_us: None,
+                        holding: palisade_chaos::Holding::Lock,
                     });
                     let lost = lease.lost();
                     let lease: SharedLease = Arc::new(Mutex::new(Some(lease)));

@@ -336,3 +336,60 @@ fn readers_past_the_bound_wait_their_turn() {
     assert_eq!(freed.grants.len(), 1);
     assert_eq!(freed.grants[0].session, last);
 }
+
+/// Each planted bug (what `palisade sim --plant` uses) really departs from
+/// the rules, and the machine's own invariants catch it as soon as it acts;
+/// with none planted the same entries keep them.
+#[test]
+fn each_planted_recipe_bug_breaks_an_invariant_the_first_time_it_acts() {
+    let lead = |v: &str| Claim::Lead { value: v.into() };
+    let cases: [(RecipeBugs, [Claim; 3]); 3] = [
+        (
+            RecipeBugs {
+                extra_permit: true,
+                ..RecipeBugs::default()
+            },
+            [
+                Claim::Permit { permits: 2 },
+                Claim::Permit { permits: 2 },
+                Claim::Permit { permits: 2 },
+            ],
+        ),
+        (
+            RecipeBugs {
+                writer_beside_readers: true,
+                ..RecipeBugs::default()
+            },
+            [Claim::Read, Claim::Read, Claim::Write],
+        ),
+        (
+            RecipeBugs {
+                second_leader: true,
+                ..RecipeBugs::default()
+            },
+            [lead("a"), lead("b"), lead("c")],
+        ),
+    ];
+    for (bugs, claims) in cases {
+        for planted in [false, true] {
+            let mut h = Harness::new();
+            let s: Vec<SessionId> = (0..3).map(|_| h.session()).collect();
+            if planted {
+                h.m.plant(bugs);
+            }
+            let mut broken = None;
+            for (who, c) in s.iter().zip(claims.clone()) {
+                h.bulk(claim(*who, "name", c, true));
+                if let Err(e) = h.m.check_invariants() {
+                    broken = Some(e);
+                    break;
+                }
+            }
+            assert_eq!(
+                broken.is_some(),
+                planted,
+                "{bugs:?} planted: {planted}: {broken:?}"
+            );
+        }
+    }
+}
