@@ -44,8 +44,34 @@ export interface ClientOptions {
   safetyMargin?: number;
 }
 
-/** Options of {@link Client.acquire} and {@link Client.lock}. Unknown options are refused (`InvalidInput`). */
-export interface AcquireOptions {
+/**
+ * What an acquire claims on a name (docs/recipes.md): a plain lock (`'lock'`,
+ * the default), one of `permits` permits of a counting semaphore
+ * (`'permit'`), a reader's or the writer's share of a read/write lock
+ * (`'read'`, `'write'`), or leadership of an election with a `value`
+ * (`'lead'`). A name's shape is fixed by the first claim on it and kept while
+ * anyone holds or waits for it; a claim of another shape is refused with
+ * {@link WrongShape}.
+ */
+export type Claim = 'lock' | 'permit' | 'read' | 'write' | 'lead';
+
+/** What a name is, as {@link LockInfo.shape} says: fixed by the first claim on it. */
+export type Shape = 'mutex' | 'semaphore' | 'read_write' | 'election';
+
+/**
+ * The claim of {@link AcquireOptions}: `permits` goes with `'permit'` only
+ * (every claim on the name gives the same; the server takes 1 to 10,000),
+ * `value` with `'lead'` only (at most 1024 bytes). A shared claim (`'permit'`,
+ * `'read'`) takes no lock-delay: the client's default is not applied to it,
+ * and one given is refused by the server (`InvalidInput`).
+ */
+export type ClaimOptions =
+  | { claim?: 'lock' | 'read' | 'write'; permits?: never; value?: never }
+  | { claim: 'permit'; permits: number; value?: never }
+  | { claim: 'lead'; value: string; permits?: never };
+
+/** Options of every acquire ({@link Client.acquire}, {@link Client.lock}, {@link Client.campaign}). Unknown options are refused (`InvalidInput`). */
+export interface LeaseOptions {
   /** The session TTL in seconds (default the client's). Leases of one TTL share a session. */
   ttl?: number;
   /** Seconds to wait in the lock's FIFO queue (default the client's; 0: `WouldBlock` at once if held). A long poll. */
@@ -59,6 +85,20 @@ export interface AcquireOptions {
    * reason and the wait is cancelled on the server (in the background, which
    * also releases a grant made meanwhile).
    */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link Client.acquire} and {@link Client.lock}: a lease's options and what is claimed. */
+export type AcquireOptions = LeaseOptions & ClaimOptions;
+
+/** Options of {@link Client.campaign} (the claim is `'lead'` with its value). */
+export type CampaignOptions = LeaseOptions;
+
+/** Options of {@link Client.observe}. Unknown options are refused (`InvalidInput`). */
+export interface ObserveOptions {
+  /** Seconds between two looks at the lock. Default 0.25. */
+  interval?: number;
+  /** Ends the observation (the iteration ends, without an error) when it aborts. */
   signal?: AbortSignal;
 }
 
@@ -79,6 +119,14 @@ export declare class Lease {
   readonly token: bigint;
   /** The id of the session that holds the lock (shown as `holder` by {@link Client.get}). */
   readonly sessionId: bigint;
+  /** What was claimed (`'lock'` for a plain lock). */
+  readonly claim: Claim;
+  /**
+   * A semaphore permit's slot, `0..permits` (0 for every other claim). A slot
+   * is held by one holder at a time and its next grant has a larger token:
+   * fence the resource by `(name, slot)`.
+   */
+  readonly slot: number;
   /**
    * Aborts the moment the lease can no longer be guaranteed — its session's
    * guarantee ran out (measured from when the last acknowledged keep-alive was
@@ -109,8 +157,54 @@ export declare class Lease {
    * lock goes free within its TTL.
    */
   release(): Promise<void>;
-  /** `Lease(name="…", token=…, session=…, lost=…)`. */
+  /**
+   * As the leader of an election (a grant of claim `'lead'`), changes the
+   * value observers see (`POST /v1/locks/proclaim` with this lease's token).
+   * Proclaiming the same value again is harmless, so it is retried across
+   * leader changes like a release. Rejects with {@link NotHolder} if this
+   * lease was released (refused without asking) or its session holds the name
+   * no more, {@link StaleToken} if its session holds it under a newer grant,
+   * {@link LeaseLost} if the lease was lost, {@link WrongShape} if the name is
+   * no election, {@link InvalidInput} for a value over 1024 bytes,
+   * {@link Unavailable} (the value may or may not have changed).
+   */
+  proclaim(value: string): Promise<void>;
+  /** `Lease(name="…", token=…, session=…, lost=…)` (and `claim=…, slot=…` for a recipe). */
   toString(): string;
+}
+
+/** One holder of a lock ({@link LockInfo.holders}). */
+export declare class Holder {
+  private constructor();
+  /** Its session's id. */
+  readonly session: bigint;
+  /** That session's label. */
+  readonly label: string;
+  /** The token of its grant. */
+  readonly token: bigint;
+  /** A reader or a semaphore permit, beside others. */
+  readonly shared: boolean;
+  /** A semaphore permit's slot (0 otherwise). */
+  readonly slot: number;
+  /** An election leader's value (`''` otherwise). */
+  readonly value: string;
+}
+
+/** The leader of an election ({@link Client.leader}, {@link Client.observe}). */
+export declare class Leader {
+  private constructor();
+  /** The election's name. */
+  readonly name: string;
+  /** The leader's session id. */
+  readonly session: bigint;
+  /** That session's label. */
+  readonly label: string;
+  /** The token of its leadership: every new leader's is above the last. */
+  readonly token: bigint;
+  /** The value it campaigned with or last proclaimed. */
+  readonly value: string;
+  /** Whether `other` is the same leadership with the same value. */
+  equals(other: Leader | null): boolean;
 }
 
 /** One lock as the leader sees it. */
@@ -127,6 +221,18 @@ export declare class LockInfo {
   readonly waiters: readonly bigint[];
   /** Whether the lock is in lock-delay (its holder's session expired). */
   readonly inLockDelay: boolean;
+  /** `'mutex'` for a plain lock, else the recipe. */
+  readonly shape: Shape;
+  /** A semaphore's size; 0 for the other shapes. */
+  readonly permits: number;
+  /**
+   * Every holder in grant order: of a recipe as the server lists them, of a
+   * plain lock its one holder (if held). Of several, {@link LockInfo.holder}
+   * and {@link LockInfo.token} are the newest's.
+   */
+  readonly holders: readonly Holder[];
+  /** The election's leader as this view shows it; null when nobody leads (or the name is no election). */
+  leader(): Leader | null;
 }
 
 /** A member or learner of the cluster. */
@@ -193,9 +299,13 @@ export declare class Client {
    *
    * Rejects with {@link WouldBlock}, {@link WaitTimeout}, {@link InvalidInput},
    * {@link PermissionDenied}, {@link Unauthenticated}, {@link LimitReached},
-   * {@link SessionExpired} (the session's guarantee ran out during the wait),
-   * {@link GrantTooLate}, or {@link Unavailable} — after which the outcome is
-   * unknown and the acquire is cancelled in the background.
+   * {@link WrongShape} (the name is another recipe, or this session holds it
+   * in the other mode), {@link SessionExpired} (the session's guarantee ran
+   * out during the wait), {@link GrantTooLate}, or {@link Unavailable} —
+   * after which the outcome is unknown and the acquire is cancelled in the
+   * background. `options.claim` takes a recipe instead of a plain lock:
+   * `{ claim: 'permit', permits: 3 }`, `{ claim: 'read' }`, `{ claim: 'write' }`,
+   * `{ claim: 'lead', value: '10.0.0.7:5432' }`.
    */
   acquire(name: string, options?: AcquireOptions): Promise<Lease>;
 
@@ -209,6 +319,39 @@ export declare class Client {
    */
   lock<T>(name: string, options: AcquireOptions, fn: (lease: Lease) => T | Promise<T>): Promise<T>;
   lock<T>(name: string, fn: (lease: Lease) => T | Promise<T>): Promise<T>;
+
+  /**
+   * Campaigns for leadership of the election `name` with `value`, and
+   * resolves to the leader's {@link Lease} once this candidate leads:
+   * {@link Client.acquire} with `{ claim: 'lead', value }`. Candidates queue
+   * FIFO; give a `wait` long enough to stand in line (the client's default
+   * wait is 0: {@link WouldBlock} if someone leads). Leadership ends with
+   * {@link Lease.release} or the loss of the lease (`lease.signal`);
+   * {@link Lease.proclaim} changes the value.
+   */
+  campaign(name: string, value: string, options?: CampaignOptions): Promise<Lease>;
+
+  /**
+   * The leader of the election `name` now (a linearizable read of the lock on
+   * the leader), null when nobody leads. Rejects with {@link WrongShape}
+   * (decided by the client) if the name is held as another shape. A snapshot:
+   * it may have changed by the time it resolves.
+   */
+  leader(name: string): Promise<Leader | null>;
+
+  /**
+   * The leader of the election `name` (null when nobody leads) at the first
+   * look and then each time it changes (another session, token or value):
+   * `for await (const leader of client.observe('primary')) …`.
+   *
+   * This **polls**: it reads the lock (as {@link Client.leader}) every
+   * `interval` seconds, so it reports the leader as it is at each look, and a
+   * leadership shorter than `interval` can be missed altogether (the server
+   * has no watch stream yet). It ends when `signal` aborts or the loop stops;
+   * a failed look (`Unavailable` after `retryFor`, `WrongShape`) ends it by
+   * throwing.
+   */
+  observe(name: string, options?: ObserveOptions): AsyncGenerator<Leader | null, void, undefined>;
 
   /** One lock, read linearizably on the leader; null when nobody holds or waits for it. */
   get(name: string): Promise<LockInfo | null>;

@@ -20,10 +20,16 @@
 // out is closed in the background so that its locks go free at once rather
 // than after the TTL. The timers keep the process alive only while the
 // session has a lease or an acquire in flight.
+//
+// Recipes (docs/recipes.md): an acquire claims a plain lock by default, or,
+// with `claim`, a semaphore permit, a reader's or the writer's share of a
+// read/write lock, or an election's leadership. They use the sessions exactly
+// as plain locks do: two concurrent acquires of permits of one semaphore in
+// one program hold them on two sessions, like two processes.
 
 const os = require('node:os');
 
-const { Connector, now, debug } = require('./connector');
+const { Connector, now, debug, sleep } = require('./connector');
 const {
   GrantTooLate,
   InvalidInput,
@@ -36,8 +42,9 @@ const {
   UnknownSession,
   WaitTimeout,
   WouldBlock,
+  WrongShape,
 } = require('./errors');
-const { LockInfo, Status, big } = require('./models');
+const { LockInfo, Leader, Status, big } = require('./models');
 
 /** The header fenced HTTP resources (`palisade fence-store`) read the token from. */
 const FENCING_TOKEN_HEADER = 'Fencing-Token';
@@ -79,6 +86,41 @@ function tokenArg(token) {
 
 function quote(name) {
   return JSON.stringify(name);
+}
+
+const CLAIMS = ['lock', 'permit', 'read', 'write', 'lead'];
+
+/**
+ * The claim of acquire options and the acquire body's fields for it (none for
+ * a plain lock, whose request stays what it always was). Only what cannot be
+ * sent as meant is refused here; the server judges the rest (the range of
+ * `permits`, the length of `value`).
+ */
+function claimOf(o) {
+  const claim = o.claim === undefined ? 'lock' : o.claim;
+  if (!CLAIMS.includes(claim)) {
+    throw new InvalidInput(`claim: one of ${CLAIMS.map(quote).join(', ')}, not ${typeof claim === 'string' ? quote(claim) : String(claim)}`);
+  }
+  if (o.permits !== undefined && claim !== 'permit') throw new InvalidInput('permits: only for claim "permit"');
+  if (o.value !== undefined && claim !== 'lead') throw new InvalidInput('value: only for claim "lead"');
+  switch (claim) {
+    case 'permit':
+      if (!Number.isSafeInteger(o.permits)) throw new InvalidInput(`claim "permit" needs permits, an integer, not ${String(o.permits)}`);
+      return [claim, { claim, permits: o.permits }];
+    case 'lead':
+      if (typeof o.value !== 'string') throw new InvalidInput(`claim "lead" needs value, a string, not ${String(o.value)}`);
+      return [claim, { claim, value: o.value }];
+    case 'read':
+    case 'write':
+      return [claim, { claim }];
+    default:
+      return [claim, {}];
+  }
+}
+
+/** Whether two looks at an election show the same leader (both none, too). */
+function sameLeader(a, b) {
+  return a === null ? b === null : a.equals(b);
 }
 
 /** Runs `fn` in the background; its failure is only logged (NODE_DEBUG=palisade). */
@@ -277,12 +319,14 @@ class Session {
  * a holder that paused past its lease harmless.
  */
 class Lease {
-  constructor(client, session, name, token, onLost) {
+  constructor(client, session, name, token, onLost, claim = 'lock', slot = 0) {
     this._client = client;
     this._session = session;
     this._name = name;
     this._token = token;
     this._onLost = onLost;
+    this._claim = claim;
+    this._slot = slot;
     this._released = false;
     this._lost = false;
     this._controller = new AbortController();
@@ -301,6 +345,16 @@ class Lease {
   /** The id of the session that holds the lock (shown as `holder`). */
   get sessionId() {
     return BigInt(this._session.id);
+  }
+
+  /** What was claimed: 'lock', 'permit', 'read', 'write' or 'lead'. */
+  get claim() {
+    return this._claim;
+  }
+
+  /** A semaphore permit's slot, 0..permits (0 for every other claim): fence by (name, slot). */
+  get slot() {
+    return this._slot;
   }
 
   /** Aborts (with a LeaseLost as its reason) the moment the lease can no longer
@@ -388,13 +442,41 @@ class Lease {
     client._free(session, this._name);
   }
 
+  /**
+   * As the leader of an election (a grant of claim 'lead'), changes the value
+   * observers see (POST /v1/locks/proclaim with this lease's token).
+   * Proclaiming the same value again is harmless, so it is retried across
+   * leader changes like a release. Rejects with NotHolder if this lease was
+   * released (refused without asking) or its session holds the name no more,
+   * StaleToken if its session holds it under a newer grant, LeaseLost if the
+   * lease was lost, WrongShape if the name is no election, InvalidInput for
+   * a value over 1024 bytes, Unavailable (the value may or may not have changed).
+   */
+  async proclaim(value) {
+    if (typeof value !== 'string') throw new InvalidInput(`an election value is a string, not ${typeof value}`);
+    if (this._released) throw new NotHolder(`the lease on ${quote(this._name)} (token ${this._token}) was released`);
+    if (this._lost || this._session.dead) {
+      throw new LeaseLost(`the lease on ${quote(this._name)} (token ${this._token}) was lost before the proclaim`);
+    }
+    try {
+      await this._client._proclaim(this._session, this._name, this._token, value);
+    } catch (e) {
+      if (e instanceof UnknownSession || ((e instanceof NotHolder || e instanceof StaleToken) && this._lost)) {
+        throw new LeaseLost(`the lease on ${quote(this._name)} was lost: ${e.message}`, { cause: e });
+      }
+      throw e;
+    }
+  }
+
   toString() {
-    return `Lease(name=${quote(this._name)}, token=${this._token}, session=${this._session.id}, lost=${this._lost})`;
+    const claim = this._claim === 'lock' ? '' : `claim=${this._claim}, slot=${this._slot}, `;
+    return `Lease(name=${quote(this._name)}, token=${this._token}, session=${this._session.id}, ${claim}lost=${this._lost})`;
   }
 }
 
 const CLIENT_OPTIONS = ['ttl', 'wait', 'lockDelay', 'tls', 'token', 'label', 'rpcTimeout', 'retryFor', 'safetyMargin'];
-const ACQUIRE_OPTIONS = ['ttl', 'wait', 'lockDelay', 'onLost', 'signal'];
+const CAMPAIGN_OPTIONS = ['ttl', 'wait', 'lockDelay', 'onLost', 'signal'];
+const ACQUIRE_OPTIONS = [...CAMPAIGN_OPTIONS, 'claim', 'permits', 'value'];
 
 /** A client of a Palisade cluster (see index.d.ts for the options). */
 class Client {
@@ -514,9 +596,13 @@ class Client {
     const o = checkOptions(options, ACQUIRE_OPTIONS, 'acquire');
     this._checkOpen();
     if (typeof name !== 'string') throw new InvalidInput(`a lock name is a string, not ${typeof name}`);
+    const [claim, claimFields] = claimOf(o);
     const ttl = o.ttl === undefined ? this._ttl : duration(o.ttl, 'ttl');
     const wait = o.wait === undefined ? this._wait : duration(o.wait, 'wait');
-    const lockDelay = o.lockDelay === undefined ? this._lockDelay : duration(o.lockDelay, 'lockDelay');
+    // A shared claim takes no lock-delay: the client's default is not applied
+    // to it (one given here is the server's to refuse).
+    const shared = claim === 'permit' || claim === 'read';
+    const lockDelay = o.lockDelay === undefined ? (shared ? 0 : this._lockDelay) : duration(o.lockDelay, 'lockDelay');
     if (o.onLost !== undefined && typeof o.onLost !== 'function') throw new InvalidInput('onLost must be a function');
     const userSignal = o.signal;
     if (userSignal) userSignal.throwIfAborted();
@@ -529,7 +615,7 @@ class Client {
         if (userSignal) userSignal.throwIfAborted();
         if (!session.alive()) throw new SessionExpired(`session ${session.id} expired while acquiring ${quote(name)}`);
         const left = Math.max(0, giveUp - now());
-        const body = { ...session.ids(), name, wait_ms: Math.round(left), lock_delay_ms: ms(lockDelay) };
+        const body = { ...session.ids(), name, wait_ms: Math.round(left), lock_delay_ms: ms(lockDelay), ...claimFields };
         // A long poll: the answer may take the whole wait.
         return [body, left / 1000 + this._conn.rpcTimeout];
       };
@@ -563,7 +649,9 @@ class Client {
       } catch (_) {
         throw new ProtocolError(`unexpected answer to acquire: ${JSON.stringify(reply)}`);
       }
-      const lease = new Lease(this, session, name, token, o.onLost);
+      const slot = claim === 'permit' && reply.slot !== undefined ? reply.slot : 0;
+      if (!Number.isSafeInteger(slot) || slot < 0) throw new ProtocolError(`unexpected answer to acquire: ${JSON.stringify(reply)}`);
+      const lease = new Lease(this, session, name, token, o.onLost, claim, slot);
       if (!session.adopt(lease)) {
         // Granted, but the answer came after the guarantee ran out: the grant
         // may have been expired and handed on already. The lost session is
@@ -604,6 +692,66 @@ class Client {
     // LeaseLost if the lease was lost while the callback ran.
     await lease.release();
     return result;
+  }
+
+  /** The leader of `name` (`session` with `token`) says `value` (the wire call). */
+  async _proclaim(session, name, token, value) {
+    try {
+      await this._conn.simple('POST', '/v1/locks/proclaim', { ...session.ids(), name, token: String(token), value });
+    } catch (e) {
+      if (e instanceof UnknownSession) session.lose('unknown_session');
+      throw e;
+    }
+  }
+
+  // -- elections ------------------------------------------------------------
+
+  /**
+   * Campaigns for leadership of the election `name` with `value`; resolves to
+   * the leader's Lease once this candidate leads (acquire with claim 'lead').
+   */
+  async campaign(name, value, options = {}) {
+    const o = checkOptions(options, CAMPAIGN_OPTIONS, 'campaign');
+    return this.acquire(name, { ...o, claim: 'lead', value });
+  }
+
+  /**
+   * The leader of the election `name` now (a linearizable read of the lock),
+   * null when nobody leads; WrongShape (decided here) if the name is held as
+   * another shape.
+   */
+  async leader(name) {
+    const info = await this.get(name);
+    if (info === null) return null;
+    if (info.shape !== 'election') throw new WrongShape(`${quote(name)} is a ${info.shape}, not an election`);
+    return info.leader();
+  }
+
+  /**
+   * The leader of `name` (null when nobody leads) at the first look and each
+   * time it changes, as an async iterable. It polls: one look every
+   * `interval` seconds, so a leadership shorter than that can be missed. Ends
+   * when `signal` aborts or the caller stops iterating.
+   */
+  observe(name, options = {}) {
+    const o = checkOptions(options, ['interval', 'signal'], 'observe');
+    this._checkOpen();
+    if (typeof name !== 'string') throw new InvalidInput(`a lock name is a string, not ${typeof name}`);
+    const interval = o.interval === undefined ? 0.25 : duration(o.interval, 'interval');
+    const { signal } = o;
+    const client = this;
+    return (async function* observing() {
+      let first = true;
+      let last = null;
+      while (!(signal && signal.aborted)) {
+        const current = await client.leader(name);
+        if (signal && signal.aborted) return;
+        if (first || !sameLeader(current, last)) yield current;
+        first = false;
+        last = current;
+        await sleep(interval * 1000, signal);
+      }
+    })();
   }
 
   /** Releases `name` held with `token` by `session` (the wire call). */

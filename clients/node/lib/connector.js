@@ -320,4 +320,4 @@ class Connector {
   }
 }
 
-module.exports = { Connector, splitEndpoint, describe, now, debug };
+module.exports = { Connector, splitEndpoint, describe, now, debug, sleep };

@@ -2,7 +2,7 @@
 // declarations of index.d.ts used as a program would use them.
 import {
   Client, Lease, LockInfo, Status, TokenCheck, PalisadeError, StaleToken, LeaseLost, WouldBlock,
-  FENCING_TOKEN_HEADER, version,
+  FENCING_TOKEN_HEADER, version, Holder, Leader, Claim, Shape, AcquireOptions, WrongShape,
 } from 'palisade';
 
 async function main(): Promise<void> {
@@ -49,6 +49,7 @@ async function main(): Promise<void> {
     }
     if (e instanceof WouldBlock || e instanceof LeaseLost) void e.message;
   }
+  await recipes(client);
   await client.close();
   const h: 'Fencing-Token' = FENCING_TOKEN_HEADER;
   const v: string = version;
@@ -56,3 +57,57 @@ async function main(): Promise<void> {
 }
 
 void main;
+
+async function recipes(client: Client): Promise<void> {
+  const permit: Lease = await client.acquire('pool', { claim: 'permit', permits: 3, wait: 30 });
+  const slot: number = permit.slot;
+  const claim: Claim = permit.claim;
+  await client.lock('doc', { claim: 'read' }, async (reader) => reader.token);
+  await client.lock('doc', { claim: 'write', wait: 10, lockDelay: 1 }, async (writer) => writer.slot);
+  const options: AcquireOptions = { claim: 'lead', value: '10.0.0.7:5432', wait: 3600, onLost: (l) => void l.token };
+  const elected: Lease = await client.acquire('primary', options);
+  await elected.proclaim('10.0.0.7:6432');
+  const leader: Lease = await client.campaign('primary', '10.0.0.7:5432', { wait: 3600, ttl: 5 });
+  await leader.release();
+  // @ts-expect-error a permit needs its number of permits
+  await client.acquire('pool', { claim: 'permit' });
+  // @ts-expect-error permits belong to claim 'permit' only
+  await client.acquire('doc', { claim: 'read', permits: 3 });
+  // @ts-expect-error a value belongs to claim 'lead' only
+  await client.acquire('x', { value: 'v' });
+  // @ts-expect-error no such claim
+  await client.acquire('x', { claim: 'mutex' });
+  // @ts-expect-error a campaign's claim is 'lead'
+  await client.campaign('primary', 'v', { claim: 'read' });
+  const info: LockInfo | null = await client.get('pool');
+  if (info) {
+    const shape: Shape = info.shape;
+    const permits: number = info.permits;
+    const holders: readonly Holder[] = info.holders;
+    for (const h of holders) {
+      const row: [bigint, string, bigint, boolean, number, string] = [h.session, h.label, h.token, h.shared, h.slot, h.value];
+      void row;
+    }
+    const l: Leader | null = info.leader();
+    void [shape, permits, l];
+  }
+  const now: Leader | null = await client.leader('primary');
+  if (now) {
+    const row: [string, bigint, string, bigint, string, boolean] = [now.name, now.session, now.label, now.token, now.value, now.equals(null)];
+    void row;
+  }
+  const ac = new AbortController();
+  for await (const seen of client.observe('primary', { interval: 0.5, signal: ac.signal })) {
+    if (seen === null) continue;
+    const token: bigint = seen.token;
+    void token;
+    break;
+  }
+  try {
+    await client.acquire('pool');
+  } catch (e) {
+    if (e instanceof WrongShape) void e.code;
+  }
+  await permit.release();
+  void [slot, claim];
+}

@@ -18,6 +18,14 @@ lost (its guarantee ran out, the server says ``unknown_session``, or the client
 is closed) every lease on it is lost, the session is never used again, and a
 session whose guarantee merely ran out is closed in the background so that its
 locks go free at once rather than after the TTL.
+
+Recipes
+-------
+An acquire claims a plain lock by default, or, with ``claim=``, a semaphore
+permit, a reader's or the writer's share of a read/write lock, or an
+election's leadership (:mod:`palisade.claims`, docs/recipes.md). They use the
+sessions exactly as plain locks do: two threads of one program taking permits
+of one semaphore hold them on two sessions, like two processes.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Type, Union
 from urllib.parse import urlencode
 
 from ._http import Abort, Connector, tls_context
+from .claims import Claim, Lead, Permit, Read, wire_fields
 from .errors import (
     GrantTooLate,
     InvalidInput,
@@ -47,8 +56,9 @@ from .errors import (
     UnknownSession,
     WaitTimeout,
     WouldBlock,
+    WrongShape,
 )
-from .models import LockInfo, Status, TokenCheck, _int
+from .models import Leader, LockInfo, Status, TokenCheck, _int
 
 __all__ = ["Client", "Lease", "FENCING_TOKEN_HEADER"]
 
@@ -260,12 +270,16 @@ class Lease:
         name: str,
         token: int,
         on_lost: Optional[Callable[["Lease"], None]],
+        claim: Optional[Claim] = None,
+        slot: int = 0,
     ) -> None:
         self._client = client
         self._session = session
         self._name = name
         self._token = token
         self._on_lost = on_lost
+        self._claim = claim
+        self._slot = slot
         self._mu = threading.Lock()
         self._released = False
         #: Set the moment the lease can no longer be guaranteed (its session's
@@ -287,6 +301,20 @@ class Lease:
     def session_id(self) -> int:
         """The id of the session that holds the lock (shown as ``holder``)."""
         return int(self._session.id)
+
+    @property
+    def claim(self) -> Optional[Claim]:
+        """What was claimed: ``None`` for a plain lock, else the
+        :class:`~palisade.Permit`, :class:`~palisade.Read`,
+        :class:`~palisade.Write` or :class:`~palisade.Lead` given to acquire."""
+        return self._claim
+
+    @property
+    def slot(self) -> int:
+        """A semaphore permit's slot, ``0..permits`` (0 for every other
+        claim). A slot is held by one holder at a time and its next grant has a
+        larger token: fence the resource by ``(name, slot)``."""
+        return self._slot
 
     def fencing_header(self) -> "tuple[str, str]":
         """The token as an HTTP header ``(name, value)`` for a fenced store."""
@@ -351,6 +379,36 @@ class Lease:
             raise
         client._free(session, self._name)
 
+    def proclaim(self, value: str) -> None:
+        """As the leader of an election (a grant of :class:`~palisade.Lead`),
+        changes the value observers see (``POST /v1/locks/proclaim`` with this
+        lease's token). Proclaiming the same value again is harmless, so it is
+        retried across leader changes like a release.
+
+        Raises :class:`NotHolder` if this lease was released (refused without
+        asking) or its session holds the name no more, :class:`StaleToken` if
+        its session holds it under a newer grant, :class:`LeaseLost` if the
+        lease was lost, :class:`WrongShape` if the name is no election,
+        :class:`InvalidInput` for a value over 1024 bytes, or
+        :class:`Unavailable` (the value may or may not have changed).
+        """
+        if not isinstance(value, str):
+            raise InvalidInput(f"an election value is a str, not {value!r}")
+        with self._mu:
+            released = self._released
+        if released:
+            raise NotHolder(f"the lease on {self._name!r} (token {self._token}) was released")
+        if self.lost.is_set() or self._session.dead:
+            raise LeaseLost(f"the lease on {self._name!r} (token {self._token}) was lost before the proclaim")
+        try:
+            self._client._proclaim(self._session, self._name, self._token, value)
+        except UnknownSession as e:
+            raise LeaseLost(f"the lease on {self._name!r} was lost: {e}") from e
+        except (NotHolder, StaleToken) as e:
+            if self.lost.is_set():
+                raise LeaseLost(f"the lease on {self._name!r} was lost: {e}") from e
+            raise
+
     def __del__(self) -> None:
         # Dropped without a release (like the Rust guard): released in the
         # background, so that a forgotten lease does not hold the lock for as
@@ -392,8 +450,9 @@ class Lease:
             log.debug("release of %r after the block raised: %s", self._name, e)
 
     def __repr__(self) -> str:
+        claim = "" if self._claim is None else f"claim={self._claim!r}, slot={self._slot}, "
         return (
-            f"Lease(name={self._name!r}, token={self._token}, session={self._session.id}, "
+            f"Lease(name={self._name!r}, token={self._token}, session={self._session.id}, {claim}"
             f"remaining={self.remaining():.3f}, lost={self.lost.is_set()})"
         )
 
@@ -520,6 +579,8 @@ class Client:
         wait: Optional[float] = None,
         lock_delay: Optional[float] = None,
         on_lost: Optional[Callable[[Lease], None]] = None,
+        *,
+        claim: Optional[Claim] = None,
     ) -> Lease:
         """Acquires lock ``name`` and returns its :class:`Lease`.
 
@@ -529,16 +590,27 @@ class Client:
         release) the lock stays unavailable this long. ``on_lost(lease)`` is
         called (from a background thread) when the lease is lost.
 
+        ``claim``: ``None`` (a plain lock), :class:`~palisade.Permit` ``(n)``,
+        :class:`~palisade.Read` ``()``, :class:`~palisade.Write` ``()`` or
+        :class:`~palisade.Lead` ``(value)`` (docs/recipes.md). A shared claim
+        (a permit, a reader) takes no lock-delay: the client's default is not
+        applied to it, and one given here is refused by the server.
+
         Raises :class:`WouldBlock`, :class:`WaitTimeout`, :class:`InvalidInput`,
-        :class:`PermissionDenied`, :class:`SessionExpired` (the session's
-        guarantee ran out during the wait), :class:`GrantTooLate`, or
-        :class:`Unavailable` — after which the outcome is unknown and the
-        acquire is cancelled in the background.
+        :class:`PermissionDenied`, :class:`WrongShape` (the name is another
+        recipe, or this session holds it in the other mode),
+        :class:`SessionExpired` (the session's guarantee ran out during the
+        wait), :class:`GrantTooLate`, or :class:`Unavailable` — after which the
+        outcome is unknown and the acquire is cancelled in the background.
         """
         self._check_open()
+        claim_fields = wire_fields(claim)
         ttl = self._ttl if ttl is None else _duration(ttl, "ttl")
         wait = self._wait if wait is None else _duration(wait, "wait")
-        lock_delay = self._lock_delay if lock_delay is None else _duration(lock_delay, "lock_delay")
+        if lock_delay is None:
+            lock_delay = 0.0 if isinstance(claim, (Permit, Read)) else self._lock_delay
+        else:
+            lock_delay = _duration(lock_delay, "lock_delay")
         session = self._session_for(ttl, name)
         handed_over = False  # whether someone else now frees `name` on `session`
         try:
@@ -548,7 +620,7 @@ class Client:
                 if not session.alive():
                     raise SessionExpired(f"session {session.id} expired while acquiring {name!r}")
                 left = max(0.0, give_up - time.monotonic())
-                body = dict(session.ids(), name=name, wait_ms=_ms(left), lock_delay_ms=_ms(lock_delay))
+                body = dict(session.ids(), name=name, wait_ms=_ms(left), lock_delay_ms=_ms(lock_delay), **claim_fields)
                 # A long poll: the answer may take the whole wait.
                 return body, left + self._conn.rpc_timeout
 
@@ -575,7 +647,10 @@ class Client:
             token = _int(reply.get("token"), "the token of an acquire")
             if token == 0:
                 raise ProtocolError(f"unexpected answer to acquire: {reply!r}")
-            lease = Lease(self, session, name, token, on_lost)
+            slot = reply.get("slot", 0) if isinstance(claim, Permit) else 0
+            if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
+                raise ProtocolError(f"unexpected answer to acquire: {reply!r}")
+            lease = Lease(self, session, name, token, on_lost, claim, slot)
             if not session.adopt(lease):
                 # Granted, but the answer came after the guarantee ran out: the
                 # grant may have been expired and handed on already. The lost
@@ -594,10 +669,89 @@ class Client:
         wait: Optional[float] = None,
         lock_delay: Optional[float] = None,
         on_lost: Optional[Callable[[Lease], None]] = None,
+        *,
+        claim: Optional[Claim] = None,
     ) -> Lease:
         """Same as :meth:`acquire` (the lock is taken by this call); meant for
         ``with client.lock(name) as lease:``, which releases it on leaving."""
-        return self.acquire(name, ttl=ttl, wait=wait, lock_delay=lock_delay, on_lost=on_lost)
+        return self.acquire(name, ttl=ttl, wait=wait, lock_delay=lock_delay, on_lost=on_lost, claim=claim)
+
+    def _proclaim(self, session: _Session, name: str, token: int, value: str) -> None:
+        """The leader of ``name`` (``session`` with ``token``) says ``value``
+        (the wire call)."""
+        body = dict(session.ids(), name=name, token=str(token), value=value)
+        try:
+            self._conn.simple("POST", "/v1/locks/proclaim", body)
+        except UnknownSession:
+            session.lose("unknown_session")
+            raise
+
+    # -- elections --------------------------------------------------------
+
+    def campaign(
+        self,
+        name: str,
+        value: str,
+        ttl: Optional[float] = None,
+        wait: Optional[float] = None,
+        lock_delay: Optional[float] = None,
+        on_lost: Optional[Callable[[Lease], None]] = None,
+    ) -> Lease:
+        """Campaigns for leadership of the election ``name`` with ``value``
+        and returns the leader's :class:`Lease` once this candidate leads:
+        :meth:`acquire` with ``claim=Lead(value)``. Candidates queue FIFO; pass
+        a ``wait`` long enough to stand in line (the client's default wait is
+        0: :class:`WouldBlock` if someone leads). Leadership ends with
+        :meth:`Lease.release` or the loss of the lease (``lease.lost``);
+        :meth:`Lease.proclaim` changes the value."""
+        return self.acquire(name, ttl=ttl, wait=wait, lock_delay=lock_delay, on_lost=on_lost, claim=Lead(value))
+
+    def leader(self, name: str) -> Optional[Leader]:
+        """The leader of the election ``name`` now (a linearizable read of the
+        lock on the leader), ``None`` when nobody leads. Raises
+        :class:`WrongShape` (decided here) if the name is held as another
+        shape. A snapshot: it may have changed by the time it is returned, and
+        only the token, checked by the resource, tells a leader it was
+        overtaken."""
+        info = self.get(name)
+        if info is None:
+            return None
+        if info.shape != "election":
+            raise WrongShape(f"{name!r} is a {info.shape}, not an election")
+        return info.leader()
+
+    def observe(
+        self, name: str, interval: float = 0.25, stop: Optional[threading.Event] = None
+    ) -> Iterator[Optional[Leader]]:
+        """Yields the leader of the election ``name`` (``None`` when nobody
+        leads) at the first look and then each time it changes (another
+        session, token or value).
+
+        This **polls**: it reads the lock (as :meth:`leader`) every
+        ``interval`` seconds, so it reports the leader as it is at each look,
+        and a leadership shorter than ``interval`` can be missed altogether
+        (the server has no watch stream yet). It runs until ``stop`` is set
+        (checked between looks, which it also ends early) or the caller stops
+        iterating; errors of a look (:class:`Unavailable` after
+        ``retry_for``, :class:`WrongShape`) end it by raising.
+        """
+        interval = _duration(interval, "interval")
+        self._check_open()
+        return self._observe(name, interval, stop)
+
+    def _observe(self, name: str, interval: float, stop: Optional[threading.Event]) -> Iterator[Optional[Leader]]:
+        first, last = True, None
+        while stop is None or not stop.is_set():
+            current = self.leader(name)
+            if stop is not None and stop.is_set():
+                return
+            if first or current != last:
+                yield current
+            first, last = False, current
+            if stop is None:
+                time.sleep(interval)
+            elif stop.wait(interval):
+                return
 
     def _release(self, session: _Session, name: str, token: int, budget: Optional[float] = None) -> None:
         """Releases ``name`` held with ``token`` by ``session`` (the wire call)."""
