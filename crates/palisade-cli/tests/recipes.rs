@@ -193,6 +193,180 @@ async fn wait_for(
     panic!("{name} never reached the state waited for");
 }
 
+/// A request to `palisade fence-store` at `store` for object `key`, with
+/// `headers`; the answer's status.
+fn store_request(
+    store: &str,
+    method: &str,
+    key: &str,
+    headers: &[(&str, String)],
+    body: &str,
+) -> u16 {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(store).unwrap();
+    let mut request = format!("{method} /v1/objects/{key} HTTP/1.1\r\nHost: x\r\n");
+    for (name, value) in headers {
+        request += &format!("{name}: {value}\r\n");
+    }
+    request += &format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u16>()
+        .unwrap()
+}
+
+/// The token a `palisade lock`/`elect` command wrote into `file` once its
+/// holder was granted (waited for, up to a minute).
+fn token_in(file: &Path) -> u64 {
+    for _ in 0..1200 {
+        if let Some(t) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return t;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{} never written: never granted", file.display());
+}
+
+/// Sends `sig` (`-STOP`, `-KILL`…) to `child`'s process group.
+fn signal_group(child: &std::process::Child, sig: &str) {
+    let group = format!("-{}", child.id());
+    let ok = std::process::Command::new("kill")
+        .args([sig, "--", &group])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {group}");
+}
+
+/// A `palisade` command's line that makes its holder's command write its
+/// token into `file` and then work until stopped, in a process group of its
+/// own so that a pause or a kill takes the holder and its command together.
+fn holding(bin_args: &[&str], endpoints: &str, file: &Path) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let script = format!(
+        "echo $PALISADE_FENCING_TOKEN > {}; exec sleep 600",
+        file.display()
+    );
+    Command::new(bin())
+        .env("PALISADE_ENDPOINTS", endpoints)
+        .env("PALISADE_RETRY_FOR", "30s")
+        .args(bin_args)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
+/// Readers share; a reader paused past its TTL (SIGSTOP of `palisade lock
+/// --read`) loses its read lock; the writer, granted next with a token above
+/// the reader's, writes; the woken reader's shared read under its old token
+/// is refused by `palisade fence-store`, while a reader granted after the
+/// writer reads. With the same story on a store with fencing off, the
+/// overtaken reader's read is answered: what fencing prevents.
+#[test]
+fn a_reader_paused_past_its_ttl_is_refused_by_the_store_after_the_writer_wrote() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let endpoints = node.addr();
+    let store = palisade_testkit::FenceStoreProcess::start(bin()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = |who: &str| dir.path().join(format!("{who}.token"));
+    let write = |token: u64, body: &str| {
+        store_request(
+            &store.addr(),
+            "PUT",
+            "doc",
+            &[("Fencing-Token", token.to_string())],
+            body,
+        )
+    };
+    let read = |token: u64| {
+        let headers = [
+            ("Fencing-Token", token.to_string()),
+            ("Fencing-Read", "shared".to_owned()),
+        ];
+        store_request(&store.addr(), "GET", "doc", &headers, "")
+    };
+    let lock = |mode: &str, who: &str| {
+        holding(
+            &["lock", "doc", mode, "--ttl", "2s", "--wait", "60s"],
+            &endpoints,
+            &file(who),
+        )
+    };
+
+    let mut first = lock("--write", "w0");
+    let w0 = token_in(&file("w0"));
+    assert_eq!(write(w0, "v1"), 200);
+    signal_group(&first, "-TERM");
+    let _ = first.wait();
+
+    let mut r1 = lock("--read", "r1");
+    let mut r2 = lock("--read", "r2");
+    let (t1, t2) = (token_in(&file("r1")), token_in(&file("r2")));
+    assert!(t1 > w0 && t2 > w0, "readers {t1}, {t2} after writer {w0}");
+    // Both read, whichever token is higher: readers do not refuse each other.
+    assert_eq!(read(t1.max(t2)), 200);
+    assert_eq!(read(t1.min(t2)), 200);
+    signal_group(&r2, "-TERM");
+    let _ = r2.wait();
+
+    // r1 pauses past its TTL; the writer waits for it and is then granted.
+    signal_group(&r1, "-STOP");
+    let mut writer = lock("--write", "w1");
+    let w1 = token_in(&file("w1"));
+    assert!(w1 > t1, "writer {w1} after reader {t1}");
+    assert_eq!(write(w1, "v2"), 200);
+    // The reader wakes up and reads with the token it had.
+    signal_group(&r1, "-CONT");
+    assert_eq!(read(t1), 409, "the store answered an overtaken reader");
+    // A writer from before the readers is refused too.
+    assert_eq!(write(w0, "late"), 409);
+    signal_group(&writer, "-TERM");
+    let _ = writer.wait();
+    let lost = r1.wait().unwrap();
+    assert!(
+        !lost.success(),
+        "a reader that lost its lease exited {lost}"
+    );
+
+    let mut r3 = lock("--read", "r3");
+    let t3 = token_in(&file("r3"));
+    assert!(t3 > w1);
+    assert_eq!(read(t3), 200);
+    signal_group(&r3, "-TERM");
+    let _ = r3.wait();
+
+    // Fencing off: the same late read is answered.
+    let unfenced = palisade_testkit::FenceStoreProcess::start_unfenced(bin()).unwrap();
+    let put = [("Fencing-Token", w1.to_string())];
+    assert_eq!(
+        store_request(&unfenced.addr(), "PUT", "doc", &put, "v2"),
+        200
+    );
+    let late = [
+        ("Fencing-Token", t1.to_string()),
+        ("Fencing-Read", "shared".to_owned()),
+    ];
+    assert_eq!(
+        store_request(&unfenced.addr(), "GET", "doc", &late, ""),
+        200
+    );
+}
+
 /// `palisade elect` on a 3-node cluster with candidates in processes of their
 /// own: pausing the leader's process (SIGSTOP, past its TTL) elects the next,
 /// and so does killing it; each new leader's token is above the last; a write
@@ -200,7 +374,7 @@ async fn wait_for(
 /// `palisade elect --observe` printed the leaders in order.
 #[test]
 fn elect_hands_leadership_on_when_the_leader_pauses_or_dies_and_the_store_refuses_the_old_token() {
-    use std::process::{Child, Command, Stdio};
+    use std::process::{Command, Stdio};
 
     let nodes = PalisadeNode::cluster(bin(), 3, &[]).unwrap();
     let endpoints = nodes
@@ -217,66 +391,20 @@ fn elect_hands_leadership_on_when_the_leader_pauses_or_dies_and_the_store_refuse
             .args(args);
         c
     };
-    // A candidate: its CMD writes its token where the test can read it and
-    // then works until stopped. In a process group of its own, so that a
-    // pause or a kill takes the candidate and its command together.
-    let campaign = |who: &str| -> Child {
-        use std::os::unix::process::CommandExt;
+    let campaign = |who: &str| {
         let file = dir.path().join(format!("{who}.token"));
-        let script = format!(
-            "echo $PALISADE_FENCING_TOKEN > {}; exec sleep 600",
-            file.display()
-        );
-        palisade(&[
-            "elect", "primary", "--value", who, "--ttl", "2s", "--", "sh", "-c", &script,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap()
-    };
-    let token_of = |who: &str| -> u64 {
-        let file = dir.path().join(format!("{who}.token"));
-        for _ in 0..1200 {
-            if let Some(t) = std::fs::read_to_string(&file)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-            {
-                return t;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("{who} never led");
-    };
-    let signal = |child: &Child, sig: &str| {
-        let group = format!("-{}", child.id());
-        let ok = Command::new("kill")
-            .args([sig, "--", &group])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {group}");
-    };
-    let put = |token: u64| {
-        use std::io::{Read, Write};
-        let body = format!("written by the leader with token {token}");
-        let mut conn = std::net::TcpStream::connect(store.addr()).unwrap();
-        write!(
-            conn,
-            "PUT /v1/objects/primary-config HTTP/1.1\r\nHost: x\r\nFencing-Token: {token}\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
+        holding(
+            &["elect", "primary", "--value", who, "--ttl", "2s"],
+            &endpoints,
+            &file,
         )
-        .unwrap();
-        let mut answer = String::new();
-        conn.read_to_string(&mut answer).unwrap();
-        answer
-            .split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<u16>()
-            .unwrap()
+    };
+    let token_of = |who: &str| token_in(&dir.path().join(format!("{who}.token")));
+    let signal = signal_group;
+    let put = |token: u64| {
+        let body = format!("written by the leader with token {token}");
+        let headers = [("Fencing-Token", token.to_string())];
+        store_request(&store.addr(), "PUT", "primary-config", &headers, &body)
     };
     let mut observer = palisade(&["elect", "primary", "--observe"])
         .stdout(Stdio::piped())

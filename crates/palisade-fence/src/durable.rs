@@ -13,6 +13,12 @@ use crate::resource::validate_resource;
 /// The table of highest accepted tokens: resource name → token.
 const TOKENS: TableDefinition<&str, u64> = TableDefinition::new("palisade_fence_tokens");
 
+/// The highest token of a shared read per resource (a reader of a read/write
+/// lock): a write below it is refused, since a writer's token is above every
+/// reader's granted before it. Kept apart from [`TOKENS`] so that readers
+/// holding together, with different tokens, do not refuse each other.
+const READ_MARKS: TableDefinition<&str, u64> = TableDefinition::new("palisade_fence_read_marks");
+
 /// The durable store failed, or holds something it should not.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -100,6 +106,7 @@ impl DurableFence {
         // Create the table now, so that readers never find it missing.
         let txn = db.begin_write()?;
         txn.open_table(TOKENS)?;
+        txn.open_table(READ_MARKS)?;
         txn.commit()?;
         Ok(Self { db: Arc::new(db) })
     }
@@ -151,15 +158,18 @@ impl DurableFence {
         let mut txn = self.db.begin_write().map_err(FenceError::from)?;
         txn.set_durability(Durability::Immediate);
         let admitted = {
+            let mark = stored_token(&txn, READ_MARKS, resource)?;
             let mut tokens = txn.open_table(TOKENS).map_err(FenceError::from)?;
             let previous = match tokens.get(resource).map_err(FenceError::from)? {
                 Some(raw) => Some(token_from_db(resource, raw.value()).map_err(FenceError::from)?),
                 None => None,
             };
+            // Below a shared read is as stale as below a write.
             // A stale token returns here; dropping `txn` aborts it, writing nothing.
-            let admitted = decide(previous, token, fencing)?;
+            let admitted = decide(previous.max(mark), token, fencing)?;
+            let highest = previous.map_or(token, |p| p.max(token));
             tokens
-                .insert(resource, admitted.highest().get())
+                .insert(resource, highest.get())
                 .map_err(FenceError::from)?;
             admitted
         };
@@ -167,6 +177,58 @@ impl DurableFence {
         txn.commit().map_err(FenceError::from)?;
         Ok((admitted, out))
     }
+}
+
+impl DurableFence {
+    /// A shared read (a reader of a read/write lock): admits `token` for
+    /// `resource` if no write under a higher token was accepted, raises the
+    /// resource's read mark to it so that no write below it lands afterwards,
+    /// and runs `read` in the same transaction, committed with an fsync (the
+    /// mark must outlive a crash). Unlike a write, it does not raise the fence
+    /// the other readers are checked against: readers holding together with
+    /// different tokens all read.
+    ///
+    /// # Errors
+    /// `FenceError::StaleToken` for a token below an accepted write's (never
+    /// with [`Fencing::Off`]), any error `read` returns, and storage errors.
+    pub fn read_shared_with<T, E>(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        fencing: Fencing,
+        read: impl FnOnce(&WriteTransaction) -> Result<T, E>,
+    ) -> Result<(Admitted, T), E>
+    where
+        E: From<FenceError>,
+    {
+        validate_resource(resource).map_err(FenceError::from)?;
+        let mut txn = self.db.begin_write().map_err(FenceError::from)?;
+        txn.set_durability(Durability::Immediate);
+        let written = stored_token(&txn, TOKENS, resource)?;
+        let admitted = decide(written, token, fencing)?;
+        {
+            let mark = stored_token(&txn, READ_MARKS, resource)?;
+            let mut marks = txn.open_table(READ_MARKS).map_err(FenceError::from)?;
+            let raised = mark.map_or(token, |m| m.max(token));
+            marks
+                .insert(resource, raised.get())
+                .map_err(FenceError::from)?;
+        }
+        let out = read(&txn)?;
+        txn.commit().map_err(FenceError::from)?;
+        Ok((admitted, out))
+    }
+}
+
+/// The token `table` holds for `resource`, if any.
+fn stored_token(
+    txn: &WriteTransaction,
+    table: TableDefinition<&str, u64>,
+    resource: &str,
+) -> Result<Option<FencingToken>, FenceError> {
+    let table = txn.open_table(table)?;
+    let raw = table.get(resource)?.map(|g| g.value());
+    Ok(raw.map(|r| token_from_db(resource, r)).transpose()?)
 }
 
 impl TokenFence for DurableFence {

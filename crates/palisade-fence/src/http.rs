@@ -5,6 +5,7 @@
 //! | `PUT /v1/objects/{key}`, header `Fencing-Token: N`, body = the object | `200 {"key","token","previous"}` | 400 `bad_key` / `malformed_token`, 428 `missing_token`, 409 `stale_token`, 413 `body_too_large` |
 //! | `GET /v1/objects/{key}` | `200`, the body, header `Fencing-Token` of the write that produced it | 400 `bad_key`, 404 `not_found` |
 //! | `GET /v1/objects/{key}`, header `Fencing-Token: N` (a fenced read: admits N first) | as `GET` | as `GET`, and 400 `malformed_token`, 409 `stale_token` |
+//! | `GET /v1/objects/{key}`, headers `Fencing-Token: N` and `Fencing-Read: shared` (a reader of a read/write lock: answered unless a write above N was accepted; no write below N lands after it) | as `GET` | as the fenced read, and 400 `bad_read_mode` |
 //! | `DELETE /v1/objects/{key}`, header `Fencing-Token: N` | `200 {"key","token","previous","deleted"}` | as `PUT` |
 //! | `GET /v1/health` | `200 {"status":"ok","fencing":"on"\|"off"}` | |
 //! | `GET /metrics` | `200`, Prometheus text: writes accepted by method, refused by reason, stale writes let through (fencing off) | |
@@ -44,6 +45,14 @@ pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
 /// itself, or a prefix of it ending at a `/`); without it, the lock is the key.
 /// What a store that verifies tokens asks the lock service about.
 pub const FENCING_LOCK_HEADER: &str = "fencing-lock";
+
+/// The request header that makes a fenced `GET` a shared read, for a reader
+/// of a read/write lock: `Fencing-Read: shared`. Answered unless a write under
+/// a higher token was accepted; afterwards no write below its token lands; it
+/// does not refuse the other readers (see [`ObjectStore::get_shared`]).
+/// Without it, a fenced `GET` raises the fence like a write (an exclusive
+/// holder's read before its write).
+pub const FENCING_READ_HEADER: &str = "fencing-read";
 
 /// Largest object body accepted, in bytes (1 MiB). Larger bodies get `413`.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -664,6 +673,19 @@ fn parse_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_token", e))
 }
 
+/// Whether a fenced read is shared (`Fencing-Read: shared`; absent: not).
+fn parse_shared_read(headers: &HeaderMap) -> Result<bool, ApiError> {
+    match single_header(headers, FENCING_READ_HEADER, "bad_read_mode")? {
+        None => Ok(false),
+        Some("shared") => Ok(true),
+        Some(other) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_read_mode",
+            format!("Fencing-Read is \"shared\" or absent, not {other:?}"),
+        )),
+    }
+}
+
 /// The lock whose token fences `key` (`Fencing-Lock` header, else the key).
 fn parse_lock(headers: &HeaderMap, key: &ObjectKey) -> Result<String, ApiError> {
     let lock = single_header(headers, FENCING_LOCK_HEADER, "bad_lock")?;
@@ -788,8 +810,13 @@ async fn get_object(
         app.authorize(&certs, &headers, Right::Write, key.as_str())?;
         let token = parse_token(&headers)?;
         let lock = parse_lock(&headers, &key)?;
+        let shared = parse_shared_read(&headers)?;
         app.believe(&key, &lock, token).await?;
-        blocking(&key, move || store.get_fenced(&k, token).map(|(_, o)| o)).await?
+        if shared {
+            blocking(&key, move || store.get_shared(&k, token).map(|(_, o)| o)).await?
+        } else {
+            blocking(&key, move || store.get_fenced(&k, token).map(|(_, o)| o)).await?
+        }
     } else {
         app.authorize(&certs, &headers, Right::Read, key.as_str())?;
         blocking(&key, move || store.get(&k)).await?

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::{free_port, loopback, wait_until};
 
-/// A fenced object store (fencing on), run from the `palisade` binary at
+/// A fenced object store (fencing on, or off for its twin), run from the `palisade` binary at
 /// `bin` on a loopback port, its data in a temporary directory; killed on drop.
 pub struct FenceStoreProcess {
     child: Child,
@@ -21,10 +21,24 @@ impl FenceStoreProcess {
     /// # Errors
     /// When it cannot be started or does not listen within 30 s.
     pub fn start(bin: &Path) -> std::io::Result<Self> {
+        Self::start_with(bin, "on")
+    }
+
+    /// Starts its unfenced twin (`--fencing off`: every write accepted, every
+    /// read answered), to show what fencing prevents.
+    ///
+    /// # Errors
+    /// As [`FenceStoreProcess::start`].
+    pub fn start_unfenced(bin: &Path) -> std::io::Result<Self> {
+        Self::start_with(bin, "off")
+    }
+
+    fn start_with(bin: &Path, fencing: &str) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
         let mut child = Command::new(bin)
             .args(["fence-store", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--fencing", fencing])
             .arg("--data-dir")
             .arg(dir.path())
             .stdin(Stdio::null())
