@@ -140,6 +140,18 @@ pub enum Holding {
 }
 
 impl Holding {
+    /// What a grant of `claim` in `slot` (a permit's; ignored otherwise) holds.
+    pub fn of(claim: &palisade_core::machine::Claim, slot: u32) -> Holding {
+        use palisade_core::machine::Claim;
+        match claim {
+            Claim::Lock => Holding::Lock,
+            Claim::Permit { permits } => Holding::Permit { slot, of: *permits },
+            Claim::Read => Holding::Read,
+            Claim::Write => Holding::Write,
+            Claim::Lead { .. } => Holding::Lead,
+        }
+    }
+
     /// Whether this is a plain lock (what a history without recipes holds).
     pub fn is_lock(&self) -> bool {
         *self == Holding::Lock

@@ -95,6 +95,29 @@ fn the_drills_show_what_each_backend_does() {
         }
     }
 
+    // leader-pause: the same story for the recipes. A paused leader's (or
+    // permit holder's) write reaches the store after the next was elected (or
+    // granted its slot); fenced, it is refused; unfenced, it is a lost update.
+    for scenario in ["leader-pause/election", "leader-pause/permit"] {
+        for fencing in ["on", "off"] {
+            let r = row(&rows, scenario, "palisade", fencing);
+            assert_eq!(
+                count(r, "trials_with_stale_write"),
+                TRIALS,
+                "{scenario} · {fencing}: {r}"
+            );
+            assert_eq!(count(r, "overlaps"), 0, "{scenario} · {fencing}: {r}");
+            if fencing == "on" {
+                assert_eq!(count(r, "stale_writes_rejected"), TRIALS, "{r}");
+                assert_eq!(count(r, "stale_writes_accepted"), 0, "{r}");
+                assert_eq!(count(r, "lost_updates"), 0, "{r}");
+            } else {
+                assert_eq!(count(r, "stale_writes_accepted"), TRIALS, "{r}");
+                assert!(count(r, "lost_updates") >= 1, "{r}");
+            }
+        }
+    }
+
     // Redlock trusts every node's clock: one jump gives two holders; no jump, none.
     let jump = row(&rows, "redlock-clock-jump/jump", "redlock", "off");
     assert_eq!(count(jump, "trials_with_overlap"), TRIALS, "{jump}");

@@ -125,17 +125,6 @@ fn next_claim(plan: &Plan, rng: &mut SmallRng) -> (String, Claim) {
     }
 }
 
-/// What the history records a grant of `claim` in `slot` as.
-fn holding(claim: &Claim, slot: u32) -> Holding {
-    match claim {
-        Claim::Lock => Holding::Lock,
-        Claim::Permit { permits } => Holding::Permit { slot, of: *permits },
-        Claim::Read => Holding::Read,
-        Claim::Write => Holding::Write,
-        Claim::Lead { .. } => Holding::Lead,
-    }
-}
-
 fn config(plan: &Plan) -> ClientConfig {
     let mut config = ClientConfig::new(plan.endpoints.clone());
     config.session_ttl = SESSION_TTL;
@@ -182,7 +171,7 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                         lock: lock.clone(),
                         token: Some(token),
                         valid_until_us: Some(valid_until_us),
-                        holding: holding(&claim, guard.slot()),
+                        holding: Holding::of(&claim, guard.slot()),
                     },
                 );
                 let paused = plan.pauses && rng.random_bool(0.1);

@@ -22,6 +22,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::mpsc;
 
+use palisade_core::machine::Claim;
+
 use super::worker::{Backend, Between, Command, CounterWrite, Report};
 
 /// How many Redis servers a drill runs (Redlock's five).
@@ -713,12 +715,15 @@ impl Trial {
         })
     }
 
-    /// The history so far, with the store's journal for this trial's key merged
-    /// in as `Write` events, sorted by time.
+    /// The history so far, with the store's journal for this trial's key (and
+    /// its permits' slot keys, `KEY/slot-N`) merged in as `Write` events,
+    /// sorted by time.
     pub fn history(&self) -> Result<History> {
         let mut events = self.events.lock().expect("poisoned").clone();
+        let slot_keys = format!("{}/slot-", self.key);
         for entry in Journal::read_all(&self.journal)? {
-            if entry.key != self.key || entry.op != "put" {
+            let ours = entry.key == self.key || entry.key.starts_with(&slot_keys);
+            if !ours || entry.op != "put" {
                 continue;
             }
             let Some(body) = entry.body.as_deref() else {
@@ -811,11 +816,23 @@ impl Worker {
 
     /// Sends an acquire without waiting for it to finish (see [`Worker::outcome`]).
     pub async fn start_acquire(&mut self, lock: &str, wait: Duration) -> Result<()> {
+        self.start_claim(lock, Claim::Lock, wait).await
+    }
+
+    /// Sends an acquire of `claim` (a recipe) without waiting for it to finish.
+    pub async fn start_claim(&mut self, lock: &str, claim: Claim, wait: Duration) -> Result<()> {
         self.send(&Command::Acquire {
             lock: lock.into(),
             wait_ms: wait.as_millis() as u64,
+            claim,
         })
         .await
+    }
+
+    /// Claims `claim` on `lock`, with the worker's account of a failure.
+    pub async fn try_claim(&mut self, lock: &str, claim: Claim, wait: Duration) -> Result<Outcome> {
+        self.start_claim(lock, claim, wait).await?;
+        self.outcome().await
     }
 
     /// Acquires; `true` when granted.

@@ -36,7 +36,7 @@ use worker::Backend;
 pub struct ChaosArgs {
     /// Scenarios to run (default: all): holder-pause, delayed-write,
     /// redlock-clock-jump, redlock-pause-during-acquire, redis-crash-restart,
-    /// redlock-replica-failover, leader-failure, mixed (`--list` says which
+    /// redlock-replica-failover, leader-failure, mixed, leader-pause (`--list` says which
     /// backends each applies to).
     scenarios: Vec<String>,
     /// Backends to drill (default: every one the scenario applies to).

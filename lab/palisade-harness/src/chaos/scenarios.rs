@@ -10,6 +10,8 @@ use nix::unistd::Pid;
 use rand::Rng;
 use rand::rngs::StdRng;
 
+use palisade_core::machine::Claim;
+
 use super::env::{Env, Trial, Worker, WorkerOptions};
 use super::worker::{Backend, Between};
 
@@ -33,6 +35,9 @@ pub enum Drill {
     LeaderFailure,
     /// Random faults while three clients increment a counter.
     Mixed,
+    /// A recipe's holder — an election's leader, a semaphore permit's —
+    /// pauses between its lease check and its write.
+    LeaderPause,
 }
 
 /// A drill by name: one row of the one table every part of `chaos` reads.
@@ -71,6 +76,8 @@ const PAUSE: &str = "pause";
 const JUMP: &str = "jump";
 const UPTIME_RULE: &str = "uptime-rule";
 const FAILOVER: &str = "failover";
+const ELECTION: &str = "election";
+const PERMIT: &str = "permit";
 
 /// Every backend.
 const ALL: &[Backend] = &[
@@ -172,6 +179,16 @@ pub const SCENARIOS: &[Scenario] = &[
         ttl: Duration::from_secs(1),
         about: "three clients increment a lock-protected counter while random pauses, partitions, delays, kills and clock jumps hit them",
     },
+    Scenario {
+        drill: Drill::LeaderPause,
+        name: "leader-pause",
+        variants: &[ELECTION, PERMIT],
+        // The recipes are the Palisade server's (docs/recipes.md).
+        backends: &[Backend::Palisade],
+        not_on: &[],
+        ttl: Duration::from_secs(1),
+        about: "the elected leader (election), or the holder of a semaphore's permit while a third client holds the other (permit), stops (SIGSTOP) after its lease check, past its lease; the next candidate is elected, or granted the freed slot, and writes; the first resumes and writes with its old token",
+    },
 ];
 
 /// Looks a scenario up by name.
@@ -202,6 +219,7 @@ pub async fn run(
         Drill::RedlockReplicaFailover => replica_failover(env, t).await,
         Drill::LeaderFailure => leader_failure(env, t).await,
         Drill::Mixed => mixed(env, t, rng, knobs.mixed_duration).await,
+        Drill::LeaderPause => leader_pause(t).await,
     }
 }
 
@@ -238,6 +256,70 @@ async fn holder_pause(t: &mut Trial) -> Result<()> {
     }
     w2.release().await?;
     finish_all([w1, w2]).await;
+    Ok(())
+}
+
+/// [`holder_pause`] for a recipe: the leader of an election, or the holder
+/// of permit 0 of a semaphore of 2 whose permit 1 a third client holds
+/// throughout, so that the next client's grant is the paused one's slot.
+async fn leader_pause(t: &mut Trial) -> Result<()> {
+    let election = t.variant == ELECTION;
+    let claim = |n: u32| {
+        if election {
+            Claim::Lead {
+                value: format!("client {n}"),
+            }
+        } else {
+            Claim::Permit { permits: 2 }
+        }
+    };
+    let what = if election { "leader" } else { "permit holder" };
+    let mut w1 = t.worker(1, WorkerOptions::default()).await?;
+    let mut w2 = t.worker(2, WorkerOptions::default()).await?;
+    let mut others = Vec::new();
+    let o1 = w1
+        .try_claim(&t.lock, claim(1), Duration::from_secs(5))
+        .await?;
+    if !o1.ok {
+        t.note(format!("client 1 was not granted: {}", o1.detail));
+        finish_all([w1, w2]).await;
+        return Ok(());
+    }
+    if !election {
+        let mut w3 = t.worker(3, WorkerOptions::default()).await?;
+        let o3 = w3
+            .try_claim(&t.lock, claim(3), Duration::from_secs(5))
+            .await?;
+        if !o3.ok {
+            t.note(format!(
+                "client 3 was not granted the other permit: {}",
+                o3.detail
+            ));
+        }
+        others.push(w3);
+    }
+    if let Some(o) = w1.start_increment(&t.key, Between::Stop).await? {
+        t.note(format!("client 1 did not reach its pause: {}", o.detail));
+    } else {
+        t.fault(format!(
+            "client 1, the {what}, paused (SIGSTOP) between its lease check and its write"
+        ));
+        let o2 = w2.try_claim(&t.lock, claim(2), LONG_WAIT).await?;
+        if o2.ok {
+            w2.increment(&t.key).await?;
+        } else {
+            t.note(format!("client 2 was not granted: {}", o2.detail));
+        }
+        w1.resume()?;
+        t.fault("client 1 resumed");
+        let o = w1.outcome().await?;
+        t.note(format!("client 1's write after the pause: {}", o.detail));
+    }
+    w2.release().await?;
+    for w in &mut others {
+        w.release().await?;
+    }
+    finish_all([w1, w2].into_iter().chain(others)).await;
     Ok(())
 }
 

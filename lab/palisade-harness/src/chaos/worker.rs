@@ -17,9 +17,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use palisade_chaos::EventKind;
+use palisade_chaos::{EventKind, Holding};
 use palisade_client::TlsOptions;
 use palisade_core::lock::BoxFuture;
+use palisade_core::machine::Claim;
 use palisade_core::{FencedLease, FencedLocks, LeaseState, LockError, LockOptions};
 use palisade_fence::client::{StoreAddr, request};
 use palisade_fence::journal::monotonic_us;
@@ -126,6 +127,9 @@ pub enum Command {
         lock: String,
         /// How long to wait for it.
         wait_ms: u64,
+        /// What to claim on it (a recipe; the Palisade server only).
+        #[serde(default)]
+        claim: Claim,
     },
     /// Increment the counter at `key` under the held lock.
     Increment {
@@ -256,6 +260,8 @@ enum Held {
     Fenced {
         lease: SharedLease,
         token: u64,
+        /// A semaphore permit's slot: each slot guards a resource of its own.
+        slot: Option<u32>,
         watcher: tokio::task::JoinHandle<()>,
     },
 }
@@ -265,6 +271,17 @@ impl Held {
         match self {
             Held::Redis(_) => None,
             Held::Fenced { token, .. } => Some(*token),
+        }
+    }
+
+    /// The store key this hold writes under `key`: the key itself, or for a
+    /// permit its slot's own (`KEY/slot-N`).
+    fn resource(&self, key: &str) -> String {
+        match self {
+            Held::Fenced {
+                slot: Some(slot), ..
+            } => format!("{key}/slot-{slot}"),
+            _ => key.to_owned(),
         }
     }
 
@@ -334,12 +351,17 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
             }
         };
         match command {
-            Command::Acquire { lock, wait_ms } => {
+            Command::Acquire {
+                lock,
+                wait_ms,
+                claim,
+            } => {
                 if let Some((name, h)) = held.take() {
                     let (_, gone) = release(&name, h).await;
                     locker.forget_session_if(gone);
                 }
-                match acquire(&mut locker, &lock, ttl, Duration::from_millis(wait_ms)).await {
+                let wait = Duration::from_millis(wait_ms);
+                match acquire(&mut locker, &lock, &claim, ttl, wait).await {
                     Ok(h) => {
                         held = Some(h);
                         done(true, "held");
@@ -380,11 +402,16 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
 async fn acquire(
     locker: &mut Locker,
     lock: &str,
+    claim: &Claim,
     ttl: Duration,
     wait: Duration,
 ) -> Result<(String, Held), String> {
     event(EventKind::AcquireInvoke { lock: lock.into() });
     match locker {
+        Locker::Redis(_) if *claim != Claim::Lock => {
+            event(EventKind::AcquireFail { lock: lock.into() });
+            Err(format!("Redis has no {} recipe", claim.shape()))
+        }
         Locker::Redis(redlock) => {
             let mut options = palisade_redis::AcquireOptions::new(ttl);
             options.wait = Some(wait);
@@ -395,7 +422,7 @@ async fn acquire(
                         lock: lock.into(),
                         token: None,
                         valid_until_us: Some(valid_until),
-                        holding: palisade_chaos::Holding::Lock,
+                        holding: Holding::Lock,
                     });
                     Ok((lock.to_owned(), Held::Redis(guard)))
                 }
@@ -422,6 +449,7 @@ async fn acquire(
             };
             let options = LockOptions {
                 wait,
+                claim: claim.clone(),
                 ..LockOptions::default()
             };
             match s.acquire(lock, &options).await {
@@ -436,11 +464,12 @@ async fn acquire(
                 }
                 Ok(lease) => {
                     let token = lease.token().get();
+                    let slot = matches!(claim, Claim::Permit { .. }).then(|| lease.slot());
                     event(EventKind::AcquireOk {
                         lock: lock.into(),
                         token: Some(token),
                         valid_until_us: None,
-                        holding: palisade_chaos::Holding::Lock,
+                        holding: Holding::of(claim, lease.slot()),
                     });
                     let lost = lease.lost();
                     let lease: SharedLease = Arc::new(Mutex::new(Some(lease)));
@@ -451,6 +480,7 @@ async fn acquire(
                         Held::Fenced {
                             lease,
                             token,
+                            slot,
                             watcher,
                         },
                     ))
@@ -548,6 +578,7 @@ async fn increment(
         Some(ca) => StoreAddr::tls(&a.store, ca)?,
         None => StoreAddr::plain(&a.store),
     };
+    let key = &h.resource(key);
     let read = request("GET", &store, key, token, "").await?;
     let value = match read.status {
         200 => {
