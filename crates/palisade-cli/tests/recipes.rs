@@ -112,6 +112,31 @@ async fn readers_share_and_a_writer_is_alone_with_a_token_above_theirs() {
     assert_eq!(view.holders.len(), 2);
     assert!(view.holders.iter().all(|h| h.shared));
     let reader_tokens = [read1.token(), read2.token()];
+    // The status page lists both readers, with their tokens.
+    let (code, body) = palisade_testkit::http_get(&node.http_addr(), "/status.json").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let doc = status["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "doc")
+        .unwrap_or_else(|| panic!("doc not on the page: {body}"));
+    assert_eq!(doc["shape"], "read_write", "{doc}");
+    let shown: Vec<(u64, bool)> = doc["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["token"].as_u64().unwrap(), h["shared"].as_bool().unwrap()))
+        .collect();
+    let expected: Vec<(u64, bool)> = reader_tokens.iter().map(|t| (t.get(), true)).collect();
+    assert_eq!(shown, expected, "{doc}");
+    // And the metrics count them by shape.
+    let (_, metrics) = palisade_testkit::http_get(&node.http_addr(), "/metrics").unwrap();
+    assert!(
+        metrics.contains("palisade_holders{shape=\"read_write\"} 2"),
+        "{metrics}"
+    );
 
     let writer = tokio::spawn(async move {
         let g = w.acquire("doc", &claiming(Claim::Write, 120)).await;

@@ -15,7 +15,7 @@
 use openraft::ServerState;
 use openraft::async_runtime::Instant as _;
 use openraft::async_runtime::WatchReceiver;
-use palisade_core::machine::{Applied, CommandKind, MachineError, Reply};
+use palisade_core::machine::{Applied, CommandKind, MachineError, Reply, Shape};
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -259,6 +259,8 @@ pub struct NodeMetrics {
     voters: IntGauge,
     sessions: IntGauge,
     held: IntGauge,
+    /// Holders by shape ([`Shape::NAMES`]).
+    holders: IntGaugeVec,
     in_lock_delay: IntGauge,
     waiters: IntGauge,
     peer_lag: IntGaugeVec,
@@ -320,6 +322,20 @@ impl NodeMetrics {
             voters: gauge("palisade_voters", "Voting members of the cluster."),
             sessions: gauge("palisade_sessions", "Live sessions."),
             held: gauge("palisade_locks_held", "Locks with a holder."),
+            holders: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "palisade_holders",
+                        "Holders by the shape of the lock they hold (mutex, semaphore, read_write, election): each permit and each reader counts.",
+                    ),
+                    &["shape"],
+                )
+                .expect("valid gauge");
+                for shape in Shape::NAMES {
+                    g.with_label_values(&[shape]);
+                }
+                g
+            },
             in_lock_delay: gauge("palisade_locks_in_lock_delay", "Locks in lock-delay."),
             waiters: gauge(
                 "palisade_waiters",
@@ -378,6 +394,7 @@ impl NodeMetrics {
         ] {
             r.register(Box::new(g.clone()))?;
         }
+        r.register(Box::new(self.holders.clone()))?;
         r.register(Box::new(self.peer_lag.clone()))?;
         r.register(Box::new(self.peer_ack_age.clone()))?;
         r.register(Box::new(self.quorum_ack_age.clone()))?;
@@ -409,6 +426,9 @@ impl NodeMetrics {
         let counts = machine.counts();
         self.sessions.set(i(counts.sessions));
         self.held.set(i(counts.held));
+        for (shape, n) in Shape::NAMES.iter().zip(counts.holders_by_shape) {
+            self.holders.with_label_values(&[shape]).set(i(n));
+        }
         self.in_lock_delay.set(i(counts.in_lock_delay));
         self.waiters.set(i(counts.waiters));
         // Members that left must not linger as series of their own.

@@ -17,6 +17,24 @@ function ms(v) {
   return v < 1000 ? v + " ms" : (v / 1000).toFixed(1) + " s";
 }
 
+// A recipe's holders in one line: "semaphore 2/3: 5 (slot 0, token 7), …",
+// "read/write, 2 readers: …", "election: 9 (value "10.0.0.7", token 12)".
+function recipe(l) {
+  const who = l.holders.map((h) => {
+    const about = [];
+    if (l.shape === "semaphore") about.push("slot " + h.slot);
+    if (l.shape === "election") about.push("value " + JSON.stringify(h.value));
+    about.push("token " + h.token);
+    return session(h.session, h.label) + " (" + about.join(", ") + ")";
+  }).join(", ");
+  const n = l.holders.length;
+  const head = l.shape === "semaphore" ? "semaphore " + n + "/" + l.permits
+    : l.shape === "read_write"
+      ? "read/write, " + (n && l.holders[0].shared ? n + (n === 1 ? " reader" : " readers") : "writer")
+      : l.shape;
+  return n ? head + ": " + who : head;
+}
+
 function session(id, label) {
   return label ? id + " (" + label + ")" : String(id);
 }
@@ -58,7 +76,8 @@ function draw(s) {
     row.dataset.lock = l.name;
     cell(row, l.name);
     if (l.in_lock_delay) cell(row, "in lock-delay", "delay");
-    else cell(row, session(l.holder, l.holder_label));
+    else if (l.shape === "mutex") cell(row, session(l.holder, l.holder_label));
+    else cell(row, recipe(l));
     cell(row, l.token, "num");
     cell(row, l.waiters.length ? l.waiters.map((w) => session(w[0], w[1])).join(", ") : "");
     const left = cell(row, ms(l.time_left_ms), "num");

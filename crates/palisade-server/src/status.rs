@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use openraft::async_runtime::Instant as _;
 use openraft::async_runtime::WatchReceiver;
-use palisade_core::machine::SessionId;
+use palisade_core::machine::{Mode, SessionId, Shape};
 use palisade_proto::h2_channel::{H2Channel, TlsDialing};
 use palisade_proto::v1::RaftPayload;
 use palisade_proto::v1::raft_client::RaftClient;
@@ -101,8 +101,15 @@ pub struct LockStatus {
     pub holder: Option<u64>,
     /// The holding session's label.
     pub holder_label: Option<String>,
-    /// The holder's fencing token.
+    /// The holder's fencing token (the newest grant's, for a recipe held by
+    /// several).
     pub token: Option<u64>,
+    /// `mutex`, `semaphore`, `read_write` or `election` (docs/recipes.md).
+    pub shape: &'static str,
+    /// A semaphore's size (0 for the other shapes).
+    pub permits: u32,
+    /// Every holder in grant order (one for a mutex, a writer, a leader).
+    pub holders: Vec<HolderStatus>,
     /// Queued sessions, next in line first, with their labels.
     pub waiters: Vec<(u64, String)>,
     /// Whether the lock is in lock-delay.
@@ -110,6 +117,23 @@ pub struct LockStatus {
     /// The leader's countdown: the holder's lease, or the lock-delay; `None`
     /// when no leader could be asked.
     pub time_left_ms: Option<u64>,
+}
+
+/// One holder of a lock as the page shows it.
+#[derive(Debug, Serialize)]
+pub struct HolderStatus {
+    /// The holding session.
+    pub session: u64,
+    /// Its label.
+    pub label: String,
+    /// Its grant's fencing token.
+    pub token: u64,
+    /// A reader or a permit (held beside others), rather than alone.
+    pub shared: bool,
+    /// A semaphore permit's slot (0 for the other shapes).
+    pub slot: u32,
+    /// An election leader's value (empty for the other shapes).
+    pub value: String,
 }
 
 /// Everything `/status.json` answers.
@@ -330,10 +354,28 @@ impl StatusSource {
                     None => r.delay_left_ms.get(&l.name).copied(),
                 });
                 let label = |s: SessionId| machine.session_label(s).unwrap_or("").to_owned();
+                let holders = l
+                    .holders
+                    .iter()
+                    .map(|h| HolderStatus {
+                        session: h.session.0,
+                        label: label(h.session),
+                        token: h.token.get(),
+                        shared: h.mode == Mode::Shared,
+                        slot: h.slot,
+                        value: h.value.clone(),
+                    })
+                    .collect();
                 LockStatus {
                     holder_label: l.holder.map(label),
                     holder: l.holder.map(|s| s.0),
                     token: l.token.map(|t| t.get()),
+                    shape: l.shape.as_str(),
+                    permits: match l.shape {
+                        Shape::Semaphore { permits } => permits,
+                        _ => 0,
+                    },
+                    holders,
                     waiters: l.waiters.iter().map(|w| (w.0, label(*w))).collect(),
                     in_lock_delay: l.in_lock_delay,
                     time_left_ms,

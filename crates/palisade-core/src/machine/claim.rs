@@ -80,14 +80,22 @@ impl Shape {
         }
     }
 
+    /// Every shape's [`as_str`](Self::as_str), in [`index`](Self::index) order.
+    pub const NAMES: [&'static str; 4] = ["mutex", "semaphore", "read_write", "election"];
+
+    /// This shape's place in [`NAMES`](Self::NAMES), for tallies by shape.
+    pub fn index(self) -> usize {
+        match self {
+            Shape::Mutex => 0,
+            Shape::Semaphore { .. } => 1,
+            Shape::ReadWrite => 2,
+            Shape::Election => 3,
+        }
+    }
+
     /// The word `palisade locks` and the status page show.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Shape::Mutex => "mutex",
-            Shape::Semaphore { .. } => "semaphore",
-            Shape::ReadWrite => "read_write",
-            Shape::Election => "election",
-        }
+        Self::NAMES[self.index()]
     }
 }
 

@@ -86,6 +86,9 @@ pub struct MachineCounts {
     pub in_lock_delay: u64,
     /// Queued acquires, over every lock.
     pub waiters: u64,
+    /// Holders by the shape of what they hold, in [`Shape::NAMES`] order (a
+    /// semaphore's permits and a read/write lock's readers each count).
+    pub holders_by_shape: [u64; 4],
 }
 
 /// The answer to "is this token still the lock's current grant?" (Chubby's
@@ -166,6 +169,7 @@ impl LockMachine {
             counts.held += u64::from(!lock.holders.is_empty());
             counts.in_lock_delay += u64::from(lock.delay_since.is_some());
             counts.waiters += lock.waiters.len() as u64;
+            counts.holders_by_shape[lock.shape.index()] += lock.holders.len() as u64;
         }
         counts
     }
