@@ -244,9 +244,9 @@ pub struct ElectArgs {
     #[arg(long, required_unless_present = "observe")]
     value: Option<String>,
     /// Print each change of leader (session, token, value) as one JSON line
-    /// instead of campaigning, until Ctrl-C. Polls the leader's linearizable
-    /// view every 250 ms, so a leader that came and went within one poll is
-    /// not printed.
+    /// instead of campaigning, until Ctrl-C. Pushed by the cluster's leader as
+    /// it applies the log (the `Observe` stream): leaders that came and went
+    /// within one batch of applied entries arrive as the latest.
     #[arg(long, conflicts_with_all = ["value", "command"])]
     observe: bool,
     #[command(flatten)]
@@ -489,7 +489,9 @@ pub async fn elect(a: ElectArgs) -> Result<i32> {
 }
 
 /// Prints the election's leader each time it changes, as one JSON object a
-/// line: `{"name", "leader": session or null, "token", "value"}`.
+/// line: `{"name", "leader": session or null, "token", "value"}`. Follows the
+/// leader's `Observe` stream; when it breaks (the node went away), observes
+/// again through whichever node leads now.
 async fn observe(name: &str, endpoints: &Endpoints) -> Result<i32> {
     palisade_core::limits::validate_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     let admin = match admin(endpoints) {
@@ -498,32 +500,35 @@ async fn observe(name: &str, endpoints: &Endpoints) -> Result<i32> {
     };
     let mut last = None;
     loop {
-        let view = match admin.get(name).await {
-            Ok(view) => view,
+        let mut changes = match admin.observe(name).await {
+            Ok(changes) => changes,
             Err(e) => return Ok(query_failed("no leader answered", &e, exit::FAILURE)),
         };
-        if let Some(v) = &view
-            && v.shape != "election"
-        {
-            eprintln!("palisade: {name:?} is a {}, not an election", v.shape);
-            return Ok(exit::FAILURE);
+        while let Some(Ok(view)) = changes.next().await {
+            if let Some(v) = &view
+                && v.shape != "election"
+            {
+                eprintln!("palisade: {name:?} is a {}, not an election", v.shape);
+                return Ok(exit::FAILURE);
+            }
+            let leader = view
+                .and_then(|v| v.holder)
+                .map(|h| (h.session.get(), h.token.get(), h.value));
+            if last.as_ref() != Some(&leader) {
+                let line = match &leader {
+                    Some((session, token, value)) => serde_json::json!({
+                        "name": name, "leader": session, "token": token, "value": value,
+                    }),
+                    None => serde_json::json!({
+                        "name": name, "leader": null, "token": null, "value": null,
+                    }),
+                };
+                println!("{line}");
+                last = Some(leader);
+            }
         }
-        let leader = view
-            .and_then(|v| v.holder)
-            .map(|h| (h.session.get(), h.token.get(), h.value));
-        if last.as_ref() != Some(&leader) {
-            let line = match &leader {
-                Some((session, token, value)) => serde_json::json!({
-                    "name": name, "leader": session, "token": token, "value": value,
-                }),
-                None => serde_json::json!({
-                    "name": name, "leader": null, "token": null, "value": null,
-                }),
-            };
-            println!("{line}");
-            last = Some(leader);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // The stream broke: a moment for the cluster, then the next leader.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

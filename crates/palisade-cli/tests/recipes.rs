@@ -202,6 +202,64 @@ async fn an_election_hands_leadership_on_with_a_rising_token() {
     assert_eq!(view.holders[0].value, "10.0.0.2:6432");
 }
 
+/// The `Observe` stream: the state now first, then every change in apply
+/// order — a new leader, a proclaimed value, a successor granted by the
+/// entry that ended its predecessor — each pushed without polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_pushes_each_leader_and_value_in_order() {
+    let node = PalisadeNode::single(bin()).unwrap();
+    let mut cfg = ClientConfig::new([node.addr()]);
+    cfg.retry_for = Duration::from_secs(30);
+    let admin = palisade_client::Admin::new(&cfg).unwrap();
+    let mut changes = admin.observe("primary").await.unwrap();
+    // (leader token, value) of each message; `None` when nobody leads.
+    let mut seen: Vec<Option<(u64, String)>> = Vec::new();
+    let mut until = async |want: Option<(u64, String)>| {
+        while seen.last() != Some(&want) {
+            let view = tokio::time::timeout(Duration::from_secs(60), changes.next())
+                .await
+                .expect("a change within a minute")
+                .expect("the stream goes on")
+                .expect("a lock state");
+            let now = view
+                .and_then(|v| v.holder)
+                .map(|h| (h.token.get(), h.value));
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+        }
+    };
+    until(None).await;
+    let (a, b) = (client(&node).await, client(&node).await);
+    let lead = |v: &str| claiming(Claim::Lead { value: v.into() }, 60);
+    let first = a.acquire("primary", &lead("a")).await.unwrap();
+    let t1 = first.token().get();
+    until(Some((t1, "a".into()))).await;
+    first.proclaim("a2").await.unwrap();
+    until(Some((t1, "a2".into()))).await;
+    let waiting = tokio::spawn(async move {
+        let g = b.acquire("primary", &lead("b")).await;
+        (b, g)
+    });
+    wait_for(&a, "primary", |v| v.waiters.len() == 1).await;
+    first.release().await.unwrap();
+    let (_b, second) = waiting.await.unwrap();
+    let second = second.unwrap();
+    let t2 = second.token().get();
+    assert!(t2 > t1);
+    until(Some((t2, "b".into()))).await;
+    second.release().await.unwrap();
+    until(None).await;
+    let expected = vec![
+        None,
+        Some((t1, "a".into())),
+        Some((t1, "a2".into())),
+        Some((t2, "b".into())),
+        None,
+    ];
+    assert_eq!(seen, expected);
+}
+
 async fn wait_for(
     c: &Client,
     name: &str,

@@ -41,7 +41,8 @@ use palisade_proto::v1::cluster_client::ClusterClient;
 use palisade_proto::v1::locks_client::LocksClient;
 use palisade_proto::v1::{
     AcquireRequest, AddLearnerRequest, CancelAcquireRequest, ChangeMembershipRequest,
-    CheckTokenRequest, ClaimKind, GetRequest, ListRequest, StatusRequest, TakeSnapshotRequest,
+    CheckTokenRequest, ClaimKind, GetRequest, ListRequest, ObserveRequest, ObserveResponse,
+    StatusRequest, TakeSnapshotRequest,
 };
 pub use types::{
     ClusterStatus, Holder, LockView, Member, SessionId, SnapshotInfo, TakenSnapshot, TokenStatus,
@@ -498,6 +499,32 @@ pub struct Admin {
     conn: Arc<Connector>,
 }
 
+/// A lock's changes, from [`Admin::observe`].
+pub struct Observation {
+    inner: tonic::Streaming<ObserveResponse>,
+}
+
+impl std::fmt::Debug for Observation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observation").finish_non_exhaustive()
+    }
+}
+
+impl Observation {
+    /// The lock's next state (`Some(None)`: nobody holds or waits for it);
+    /// `None` once the stream ended (the node went away): observe again.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`] when the stream broke, and the like.
+    pub async fn next(&mut self) -> Option<Result<Option<LockView>, ClientError>> {
+        match self.inner.message().await {
+            Ok(Some(reply)) => Some(reply.lock.map(LockView::try_from).transpose()),
+            Ok(None) => None,
+            Err(status) => Some(Err(ClientError::from_status(&status))),
+        }
+    }
+}
+
 impl Admin {
     /// Connects without opening a session.
     ///
@@ -534,6 +561,28 @@ impl Admin {
     /// [`ClientError::Unavailable`] and the like.
     pub async fn get(&self, name: &str) -> Result<Option<LockView>, ClientError> {
         get(&self.conn, name).await
+    }
+
+    /// Watches one lock: its state now (read linearizably), then each time it
+    /// changes, pushed by the leader that answered as it applies the log —
+    /// how `palisade elect --observe` follows an election. Changes applied
+    /// together arrive as the latest. The stream ends when that node goes;
+    /// call again to go on.
+    ///
+    /// # Errors
+    /// [`ClientError::Unavailable`], [`ClientError::LimitReached`] (the node
+    /// serves its most observers), and the like.
+    pub async fn observe(&self, name: &str) -> Result<Observation, ClientError> {
+        let inner = self
+            .conn
+            .call(self.conn.retry_for, |ch| {
+                let req = ObserveRequest {
+                    name: name.to_owned(),
+                };
+                async move { LocksClient::new(ch).observe(req).await }
+            })
+            .await?;
+        Ok(Observation { inner })
     }
 
     /// See [`Client::check_token`].

@@ -36,6 +36,10 @@ use crate::typ::{NodeAddr, NodeId, Raft, default_peer_addr};
 /// loop in the caller, which also notices a lost session in between.
 pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 
+/// `Observe` streams one node serves at once; more get `limit_reached`. Each
+/// wakes at every applied batch, so they are bounded like sessions are.
+pub const MAX_OBSERVERS: usize = 1024;
+
 /// Both client-facing services share this state.
 #[derive(Clone)]
 pub struct Api {
@@ -57,6 +61,8 @@ pub struct Api {
     commit_clock: Option<Arc<crate::commit_clock::CommitClock>>,
     /// Mints the key each new session gets.
     session_keys: SessionKeys,
+    /// Room for [`MAX_OBSERVERS`] `Observe` streams.
+    observers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Api {
@@ -87,6 +93,7 @@ impl Api {
             gatekeeper,
             commit_clock: None,
             session_keys: SessionKeys::default(),
+            observers: Arc::new(tokio::sync::Semaphore::new(MAX_OBSERVERS)),
         }
     }
 
@@ -263,41 +270,11 @@ impl Api {
     }
 
     fn lock_info(&self, view: palisade_core::machine::LockView) -> LockInfo {
-        let machine = self.shared.machine.read().expect("poisoned");
-        let label_of = |id: SessionId| {
-            machine
-                .session_label(id)
-                .map(str::to_owned)
-                .unwrap_or_default()
-        };
-        let holders = view
-            .holders
-            .iter()
-            .map(|h| HolderInfo {
-                session: h.session.0,
-                label: label_of(h.session),
-                token: h.token.get(),
-                shared: h.mode == Mode::Shared,
-                slot: h.slot,
-                value: h.value.clone(),
-            })
-            .collect();
-        LockInfo {
-            name: view.name,
-            holder_session: view.holder.map_or(0, |s| s.0),
-            holder_label: view.holder.map(label_of).unwrap_or_default(),
-            token: view.token.map_or(0, FencingToken::get),
-            waiters: view.waiters.iter().map(|s| s.0).collect(),
-            in_lock_delay: view.in_lock_delay,
-            shape: view.shape.as_str().to_owned(),
-            permits: match view.shape {
-                Shape::Semaphore { permits } => permits,
-                _ => 0,
-            },
-            holders,
-        }
+        lock_info(&self.shared, view)
     }
+}
 
+impl Api {
     /// The slot of `session`'s grant of `name` under `token` (`0` if it is
     /// not a permit, or no longer held).
     fn slot_of(&self, session: SessionId, name: &str, token: FencingToken) -> u32 {
@@ -742,6 +719,54 @@ impl Locks for Api {
         }))
     }
 
+    type ObserveStream = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<ObserveResponse, Status>> + Send + 'static>,
+    >;
+
+    async fn observe(
+        &self,
+        req: Request<ObserveRequest>,
+    ) -> Result<Response<Self::ObserveStream>, Status> {
+        let caller = self.gatekeeper.admit(&req)?;
+        let name = req.into_inner().name;
+        palisade_core::limits::validate_name(&name).map_err(input)?;
+        caller.may_read(&name)?;
+        let room = self.observers.clone().try_acquire_owned().map_err(|_| {
+            ErrorCode::LimitReached.status(format!(
+                "this node serves {MAX_OBSERVERS} observe streams already"
+            ))
+        })?;
+        // The first state is a linearizable read; the ones after follow this
+        // node's apply order, which is the log's.
+        self.linearize().await?;
+        let mut applied = self.shared.applied.subscribe();
+        let shared = self.shared.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let _room = room;
+            let mut last: Option<Option<LockInfo>> = None;
+            loop {
+                applied.borrow_and_update();
+                let view = shared.machine.read().expect("poisoned").get(&name);
+                let now = view.map(|v| lock_info(&shared, v));
+                if last.as_ref() != Some(&now) {
+                    let sent = ObserveResponse { lock: now.clone() };
+                    if tx.send(Ok(sent)).await.is_err() {
+                        return;
+                    }
+                    last = Some(now);
+                }
+                tokio::select! {
+                    changed = applied.changed() => if changed.is_err() { return },
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let caller = self.gatekeeper.admit(&req)?;
         if !caller.reads_something() {
@@ -968,4 +993,41 @@ pub fn parse_initial_cluster(s: &str) -> Result<BTreeMap<NodeId, NodeAddr>, Stri
         return Err("empty cluster".into());
     }
     Ok(nodes)
+}
+
+/// `view` on the wire, with its sessions' labels from `shared`'s machine.
+fn lock_info(shared: &Shared, view: palisade_core::machine::LockView) -> LockInfo {
+    let machine = shared.machine.read().expect("poisoned");
+    let label_of = |id: SessionId| {
+        machine
+            .session_label(id)
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let holders = view
+        .holders
+        .iter()
+        .map(|h| HolderInfo {
+            session: h.session.0,
+            label: label_of(h.session),
+            token: h.token.get(),
+            shared: h.mode == Mode::Shared,
+            slot: h.slot,
+            value: h.value.clone(),
+        })
+        .collect();
+    LockInfo {
+        name: view.name,
+        holder_session: view.holder.map_or(0, |s| s.0),
+        holder_label: view.holder.map(label_of).unwrap_or_default(),
+        token: view.token.map_or(0, FencingToken::get),
+        waiters: view.waiters.iter().map(|s| s.0).collect(),
+        in_lock_delay: view.in_lock_delay,
+        shape: view.shape.as_str().to_owned(),
+        permits: match view.shape {
+            Shape::Semaphore { permits } => permits,
+            _ => 0,
+        },
+        holders,
+    }
 }

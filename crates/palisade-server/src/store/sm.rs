@@ -62,6 +62,9 @@ pub struct Shared {
     lease_events: Mutex<Vec<LeaseEvent>>,
     /// Wakes the lease keeper when sessions or lock-delays change.
     pub changed: tokio::sync::Notify,
+    /// The index of the last entry applied (or snapshot installed), for
+    /// whoever watches the state change: `Observe` streams.
+    pub applied: tokio::sync::watch::Sender<u64>,
     /// What the last snapshot this node built or installed cost.
     pub snapshot_stats: Mutex<SnapshotStats>,
     /// The latest expiries and lock-delays, newest last (see [`RECENT`]).
@@ -294,6 +297,7 @@ impl StateMachineStore {
                 waiters: Mutex::new(HashMap::new()),
                 lease_events: Mutex::new(Vec::new()),
                 changed: tokio::sync::Notify::new(),
+                applied: tokio::sync::watch::Sender::new(stats.index),
                 snapshot_stats: Mutex::new(stats),
                 recent: Mutex::default(),
             }),
@@ -613,6 +617,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if sessions_changed {
             self.shared.changed.notify_waiters();
         }
+        let index = self.shared.machine.read().expect("poisoned").last_applied();
+        self.shared.applied.send_replace(index);
         Ok(())
     }
 
@@ -666,6 +672,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         );
         self.shared.push_lease_events([LeaseEvent::Reset]);
         self.shared.changed.notify_waiters();
+        self.shared
+            .applied
+            .send_replace(meta.last_log_id.map_or(0, |l| l.index));
         Ok(())
     }
 
