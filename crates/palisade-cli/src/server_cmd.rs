@@ -249,6 +249,12 @@ pub struct ElectArgs {
     /// within one batch of applied entries arrive as the latest.
     #[arg(long, conflicts_with_all = ["value", "command"])]
     observe: bool,
+    /// The election service, by URL: `palisade://HOST:PORT[,…]` (default:
+    /// the Palisade cluster at --endpoints), or `etcd://…` / `zk://…`, whose
+    /// own election recipes are used (docs/recipes.md; --observe is the
+    /// Palisade server's).
+    #[arg(long, env = "PALISADE_BACKEND")]
+    backend: Option<String>,
     #[command(flatten)]
     endpoints: Endpoints,
     /// Session TTL: how long leadership survives this process dying silently.
@@ -468,12 +474,21 @@ pub async fn lock(a: LockArgs) -> Result<i32> {
 /// leader's) and stops it when leadership is lost. `--observe` prints leaders.
 pub async fn elect(a: ElectArgs) -> Result<i32> {
     if a.observe {
+        if let Some(url) = a.backend.as_deref()
+            && !url.starts_with("palisade://")
+        {
+            eprintln!(
+                "palisade: --observe follows the Palisade server's Observe stream; on {url} \
+                 read the election's keys with that system's own tools (docs/recipes.md)"
+            );
+            return Ok(exit::USAGE);
+        }
         return observe(&a.name, &a.endpoints).await;
     }
     let value = a.value.unwrap_or_default();
     let as_lock = LockArgs {
         name: a.name,
-        backend: None,
+        backend: a.backend,
         endpoints: a.endpoints,
         ttl: a.ttl,
         wait: a.wait,

@@ -43,6 +43,33 @@ pub struct LockOptions {
 }
 
 impl LockOptions {
+    /// For a backend with plain locks and elections (etcd, ZooKeeper, each
+    /// through its own recipe): `None` for a plain lock, the candidate's value
+    /// for an election, and [`LockError::InvalidInput`] naming the backend for
+    /// a semaphore or a read/write lock.
+    ///
+    /// # Errors
+    /// As said.
+    pub fn lock_or_lead(&self, backend: &str) -> Result<Option<&str>, LockError> {
+        match &self.claim {
+            crate::machine::Claim::Lock => Ok(None),
+            crate::machine::Claim::Lead { value } => {
+                if value.len() > crate::machine::MAX_VALUE_LEN {
+                    return Err(LockError::InvalidInput(format!(
+                        "an election value is at most {} bytes",
+                        crate::machine::MAX_VALUE_LEN
+                    )));
+                }
+                Ok(Some(value.as_str()))
+            }
+            other => Err(LockError::InvalidInput(format!(
+                "the {backend} backend has plain locks and elections only, not a {} \
+                     (semaphores and read/write locks are on the Palisade server)",
+                other.shape()
+            ))),
+        }
+    }
+
     /// Refuses every claim but a plain lock, naming the backend: for the
     /// backends whose recipes are not (yet) Palisade's fenced ones.
     ///

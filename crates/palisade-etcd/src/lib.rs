@@ -36,6 +36,13 @@
 //!   only if it is still that key (same create revision, or same random
 //!   value). Lease TTLs are whole seconds in etcd: a TTL is
 //!   rounded up, and the TTL etcd grants (it may raise it) is the one used.
+//! - **Elections** (`Claim::Lead`, docs/recipes.md): etcd's election recipe is
+//!   its mutex with a value, and so is this: the same queue under
+//!   [`ELECTION_PREFIX`], the candidate's value stored in its key, the leader
+//!   the lowest create revision, the token that revision. Semaphores and
+//!   read/write locks are refused by name (`InvalidInput`). Proclaiming a new
+//!   value and observing are not in the lock trait: read the prefix with
+//!   etcd's own tools.
 //! - No lock-delay. Plaintext gRPC (`http://`) by default; with [`EtcdTls`],
 //!   TLS that trusts only the given CA and checks each member's name, and a
 //!   client certificate when given: with `--client-cert-auth` and auth
@@ -69,6 +76,13 @@ pub const BACKEND: &str = "etcd";
 
 /// The key prefix every lock lives under.
 pub const PREFIX: &str = "/palisade/locks/";
+
+/// Where elections' keys live (`ELECTION_PREFIX` NAME `/` LEASE), apart from
+/// the locks': an election and a lock of one name are two things. As in etcd's
+/// own election recipe (`client/v3/concurrency/election.go`), the leader is the
+/// key with the lowest create revision; its value is 16 random bytes (this
+/// create's, see the module docs) followed by the candidate's value.
+pub const ELECTION_PREFIX: &str = "/palisade/elections/";
 
 fn unavailable(detail: impl std::fmt::Display) -> LockError {
     LockError::Unavailable {
@@ -222,7 +236,7 @@ enum Stray {
     /// value, looked for until `until`.
     Maybe {
         key: Vec<u8>,
-        value: [u8; 16],
+        value: Vec<u8>,
         until: Instant,
     },
 }
@@ -254,11 +268,9 @@ impl Session {
                     CompareTarget::Create,
                     TargetUnion::CreateRevision(*revision),
                 ),
-                Stray::Maybe { key, value, .. } => (
-                    key,
-                    CompareTarget::Value,
-                    TargetUnion::Value(value.to_vec()),
-                ),
+                Stray::Maybe { key, value, .. } => {
+                    (key, CompareTarget::Value, TargetUnion::Value(value.clone()))
+                }
             };
             let txn = delete_if(key, compare_target, target);
             let reply = self
@@ -451,20 +463,31 @@ impl EtcdLocks {
         if s.guarantee.remaining().is_zero() {
             return Err(LockError::SessionExpired);
         }
-        let prefix = format!("{PREFIX}{name}/").into_bytes();
+        let candidate = options.lock_or_lead(BACKEND)?;
+        let root = if candidate.is_some() {
+            ELECTION_PREFIX
+        } else {
+            PREFIX
+        };
+        let prefix = format!("{root}{name}/").into_bytes();
         let mut key = prefix.clone();
         key.extend_from_slice(format!("{:016x}", s.lease).as_bytes());
         // The random value of this acquisition's create: how its key is told
-        // apart from a leftover (see the module docs).
-        let value: [u8; 16] = rand::random();
+        // apart from a leftover (see the module docs). A candidate's value
+        // follows it, for whoever reads the election.
+        let nonce: [u8; 16] = rand::random();
+        let mut value = nonce.to_vec();
+        value.extend_from_slice(candidate.unwrap_or_default().as_bytes());
         // An acquisition abandoned midway (its future dropped, say by a
         // timeout around it) may have made a key no one will delete.
         let mut abandoned = Abandoned {
             session: Some(s),
             key: &key,
-            value,
+            value: &value,
         };
-        let result = self.acquire_with(name, options, &prefix, &key, value).await;
+        let result = self
+            .acquire_with(name, options, &prefix, &key, &value)
+            .await;
         abandoned.session = None;
         result
     }
@@ -475,7 +498,7 @@ impl EtcdLocks {
         options: &LockOptions,
         prefix: &[u8],
         key: &[u8],
-        value: [u8; 16],
+        value: &[u8],
     ) -> Result<EtcdLease, LockError> {
         let s = &self.session;
         let give_up = Instant::now() + options.wait;
@@ -486,7 +509,7 @@ impl EtcdLocks {
                 // The create may have landed though its answer did not.
                 s.remember(Stray::Maybe {
                     key: key.to_vec(),
-                    value,
+                    value: value.to_vec(),
                     until: Instant::now() + UNKNOWN_CREATE_WATCH,
                 });
                 return Err(e);
@@ -530,7 +553,7 @@ impl EtcdLocks {
     async fn create_key(
         &self,
         key: &[u8],
-        nonce: [u8; 16],
+        nonce: &[u8],
         budget: Duration,
     ) -> Result<i64, LockError> {
         let s = &self.session;
@@ -748,7 +771,7 @@ async fn delete(s: &Session, key: &[u8]) -> Result<i64, LockError> {
 struct Abandoned<'a> {
     session: Option<&'a Session>,
     key: &'a [u8],
-    value: [u8; 16],
+    value: &'a [u8],
 }
 
 impl Drop for Abandoned<'_> {
@@ -756,7 +779,7 @@ impl Drop for Abandoned<'_> {
         if let Some(s) = self.session {
             s.remember(Stray::Maybe {
                 key: self.key.to_vec(),
-                value: self.value,
+                value: self.value.to_vec(),
                 until: Instant::now() + UNKNOWN_CREATE_WATCH,
             });
         }
@@ -851,7 +874,6 @@ impl FencedLocks for EtcdLocks {
         options: &'a LockOptions,
     ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
         Box::pin(async move {
-            options.plain_lock_only(BACKEND)?;
             let lease = EtcdLocks::acquire(self, name, options).await?;
             Ok(Box::new(lease) as Box<dyn FencedLease>)
         })

@@ -192,9 +192,14 @@ async fn a_release_that_never_reached_etcd_is_not_granted_again_with_its_token()
 /// How many keys the lock `name` has queued, read through etcd's JSON gateway
 /// (`POST /v3/kv/range`) on `endpoint`, bypassing the client under test.
 async fn queued(endpoint: &str, name: &str) -> u64 {
+    queued_under(endpoint, palisade_etcd::PREFIX, name).await
+}
+
+/// Keys queued for `name` under `root` (the locks' or the elections' prefix).
+async fn queued_under(endpoint: &str, root: &str, name: &str) -> u64 {
     use base64::Engine as _;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let prefix = format!("{}{name}/", palisade_etcd::PREFIX).into_bytes();
+    let prefix = format!("{root}{name}/").into_bytes();
     let mut end = prefix.clone();
     *end.last_mut().unwrap() += 1;
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -288,4 +293,96 @@ async fn keys_whose_maker_lost_track_of_them_do_not_block_the_lock() {
         .release()
         .await
         .unwrap();
+}
+
+/// The value of the election `name`'s leader as etcd holds it: the key of
+/// the lowest create revision under the election's prefix, past its 16 random
+/// bytes (read through etcd's JSON gateway, not through the backend).
+async fn leader_value(endpoint: &str, name: &str) -> Option<String> {
+    use base64::Engine as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let prefix = format!("{}{name}/", palisade_etcd::ELECTION_PREFIX).into_bytes();
+    let mut end = prefix.clone();
+    *end.last_mut().unwrap() += 1;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = format!(
+        r#"{{"key":"{}","range_end":"{}","limit":1,"sort_order":"ASCEND","sort_target":"CREATE"}}"#,
+        b64.encode(&prefix),
+        b64.encode(&end)
+    );
+    let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
+    let request = format!(
+        "POST /v3/kv/range HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).await.unwrap();
+    let value = reply.split("\"value\":\"").nth(1)?.split('"').next()?;
+    let bytes = b64.decode(value).unwrap();
+    Some(String::from_utf8(bytes[16..].to_vec()).unwrap())
+}
+
+/// An election is etcd's election recipe: the same queue as a lock, apart
+/// from the locks' (a lock of the same name is another thing), the value in
+/// the leader's key, a new leader with a larger token; a semaphore or a
+/// read/write lock is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_is_a_queue_with_values_apart_from_the_locks() {
+    use palisade_core::machine::Claim;
+    let etcd = EtcdCluster::start(1).unwrap();
+    let endpoints = etcd.endpoints();
+    let endpoint = endpoints[0].trim_start_matches("http://").to_owned();
+    let a = EtcdLocks::connect(&endpoints, TTL).await.unwrap();
+    let b = EtcdLocks::connect(&endpoints, TTL).await.unwrap();
+    let lead = |value: &str, secs| LockOptions {
+        claim: Claim::Lead {
+            value: value.into(),
+        },
+        wait: Duration::from_secs(secs),
+        ..Default::default()
+    };
+    let leader = a.acquire("primary", &lead("10.0.0.1", 0)).await.unwrap();
+    assert_eq!(
+        leader_value(&endpoint, "primary").await.as_deref(),
+        Some("10.0.0.1")
+    );
+    // A lock of the same name is free: elections live apart.
+    let lock = b.acquire("primary", &now_or_never()).await.unwrap();
+    lock.release().await.unwrap();
+    assert!(matches!(
+        b.acquire("primary", &lead("10.0.0.2", 0))
+            .await
+            .unwrap_err(),
+        LockError::WouldBlock
+    ));
+    let b = Arc::new(b);
+    let next = {
+        let b = b.clone();
+        let options = lead("10.0.0.2", 60);
+        tokio::spawn(async move { b.acquire("primary", &options).await })
+    };
+    while queued_under(&endpoint, palisade_etcd::ELECTION_PREFIX, "primary").await != 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = leader.token();
+    leader.release().await.unwrap();
+    let second = next.await.unwrap().unwrap();
+    assert!(second.token() > first);
+    assert_eq!(
+        leader_value(&endpoint, "primary").await.as_deref(),
+        Some("10.0.0.2")
+    );
+    for refused in [Claim::Permit { permits: 2 }, Claim::Read, Claim::Write] {
+        let options = LockOptions {
+            claim: refused.clone(),
+            ..Default::default()
+        };
+        let e = a.acquire("pool", &options).await.unwrap_err();
+        assert!(
+            matches!(&e, LockError::InvalidInput(m) if m.contains("etcd")),
+            "{refused:?}: {e:?}"
+        );
+    }
 }

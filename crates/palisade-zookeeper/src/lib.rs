@@ -33,6 +33,14 @@
 //! - A wait that ends unanswered (or `wait = 0` on a held lock) deletes the own
 //!   node. Lock names are escaped into one path segment (`jobs/nightly` is
 //!   `/palisade/locks/jobs%2Fnightly`). No lock-delay.
+//! - **Elections** (`Claim::Lead`, docs/recipes.md): Curator's `LeaderLatch`
+//!   is this same queue of ephemeral-sequential nodes, so an election is one:
+//!   under [`ELECTIONS`] rather than [`LOCKS`] (an election and a lock of one
+//!   name are two things), the candidate's value as its node's data, the
+//!   leader the lowest sequence, the token its `czxid`. Semaphores and
+//!   read/write locks are refused by name (`InvalidInput`). Proclaiming and
+//!   observing are not in the lock trait: read the children with ZooKeeper's
+//!   own tools.
 //! - Plaintext by default; with [`ZkTls`], TLS to every server (ZooKeeper's
 //!   `secureClientPort`) that trusts only the given CA, checks each server's
 //!   name (the host of the connect string) and presents a client certificate
@@ -55,6 +63,9 @@ pub const BACKEND: &str = "zookeeper";
 
 /// Where every lock lives.
 pub const LOCKS: &str = "/palisade/locks";
+
+/// Where every election lives (one container per name, as for a lock).
+pub const ELECTIONS: &str = "/palisade/elections";
 
 fn unavailable(detail: impl std::fmt::Display) -> LockError {
     LockError::Unavailable {
@@ -370,9 +381,11 @@ impl ZkLocks {
 
     async fn ensure_parent(&self, parent: &str) -> Result<(), LockError> {
         let client = &self.session.client;
+        // `LOCKS` or `ELECTIONS`.
+        let root = parent.rsplit_once('/').map_or(LOCKS, |(root, _)| root);
         for (path, mode) in [
             ("/palisade", zk::CreateMode::Persistent),
-            (LOCKS, zk::CreateMode::Persistent),
+            (root, zk::CreateMode::Persistent),
             (parent, zk::CreateMode::Container),
         ] {
             match client
@@ -404,7 +417,14 @@ impl ZkLocks {
         if s.guarantee.remaining().is_zero() {
             return Err(LockError::SessionExpired);
         }
-        let parent = format!("{LOCKS}/{}", znode_segment(name));
+        let candidate = options.lock_or_lead(BACKEND)?;
+        let root = if candidate.is_some() {
+            ELECTIONS
+        } else {
+            LOCKS
+        };
+        let parent = format!("{root}/{}", znode_segment(name));
+        let data = candidate.unwrap_or_default().as_bytes();
         let tag = new_tag();
         // An acquisition abandoned midway (its future dropped, say by a
         // timeout around it) may have made a node no one will delete.
@@ -413,7 +433,9 @@ impl ZkLocks {
             parent: &parent,
             tag: &tag,
         };
-        let result = self.acquire_tagged(name, options, &parent, &tag).await;
+        let result = self
+            .acquire_tagged(name, options, &parent, &tag, data)
+            .await;
         abandoned.session = None;
         result
     }
@@ -424,10 +446,11 @@ impl ZkLocks {
         options: &LockOptions,
         parent: &str,
         tag: &str,
+        data: &[u8],
     ) -> Result<ZkLease, LockError> {
         let s = &self.session;
         let give_up = Instant::now() + options.wait;
-        let (me, czxid) = self.create_node(parent, tag, give_up).await?;
+        let (me, czxid) = self.create_node(parent, tag, data, give_up).await?;
         let path = format!("{parent}/{me}");
         let Some(token) = u64::try_from(czxid).ok().and_then(FencingToken::new) else {
             s.delete_or_remember(&path).await;
@@ -468,6 +491,7 @@ impl ZkLocks {
         &self,
         parent: &str,
         tag: &str,
+        data: &[u8],
         give_up: Instant,
     ) -> Result<(String, i64), LockError> {
         let s = &self.session;
@@ -477,7 +501,7 @@ impl ZkLocks {
                 .client
                 .create(
                     &format!("{parent}/{tag}lock-"),
-                    &[],
+                    data,
                     &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
                 )
                 .await;
@@ -656,7 +680,6 @@ impl FencedLocks for ZkLocks {
         options: &'a LockOptions,
     ) -> BoxFuture<'a, Result<Box<dyn FencedLease>, LockError>> {
         Box::pin(async move {
-            options.plain_lock_only(BACKEND)?;
             let lease = ZkLocks::acquire(self, name, options).await?;
             Ok(Box::new(lease) as Box<dyn FencedLease>)
         })

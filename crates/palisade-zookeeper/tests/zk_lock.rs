@@ -264,3 +264,82 @@ async fn bad_input_gets_typed_errors() {
         "{e:?}"
     );
 }
+
+/// An election is Curator's LeaderLatch: the same queue as a lock, under
+/// `/palisade/elections` (a lock of the same name is another thing), the
+/// candidate's value as its node's data, the leader the lowest sequence, a
+/// new leader with a larger token; a semaphore or a read/write lock is
+/// refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_is_a_queue_with_values_apart_from_the_locks() {
+    use palisade_core::machine::Claim;
+    let zk = ZooKeeperEnsemble::start(1).unwrap();
+    let direct = zk.connect_string();
+    let a = ZkLocks::connect(&direct, TTL).await.unwrap();
+    let b = std::sync::Arc::new(ZkLocks::connect(&direct, TTL).await.unwrap());
+    let watcher = zookeeper_client::Client::connect(&direct).await.unwrap();
+    let lead = |value: &str, secs| LockOptions {
+        claim: Claim::Lead {
+            value: value.into(),
+        },
+        wait: Duration::from_secs(secs),
+        ..Default::default()
+    };
+    // The leader's value, read from ZooKeeper directly: the data of the
+    // lowest-sequence child.
+    let leader_value = async || {
+        let parent = format!("{}/primary", palisade_zookeeper::ELECTIONS);
+        let (mut children, _) = watcher.get_children(&parent).await.unwrap();
+        children.sort_by_key(|c| c.rsplit('-').next().unwrap().to_owned());
+        let (data, _) = watcher
+            .get_data(&format!("{parent}/{}", children[0]))
+            .await
+            .unwrap();
+        String::from_utf8(data).unwrap()
+    };
+    let leader = a.acquire("primary", &lead("10.0.0.1", 0)).await.unwrap();
+    assert_eq!(leader_value().await, "10.0.0.1");
+    let lock = b.acquire("primary", &now_or_never()).await.unwrap();
+    lock.release().await.unwrap();
+    assert!(matches!(
+        b.acquire("primary", &lead("10.0.0.2", 0))
+            .await
+            .unwrap_err(),
+        LockError::WouldBlock
+    ));
+    let next = {
+        let b = b.clone();
+        let options = lead("10.0.0.2", 60);
+        tokio::spawn(async move { b.acquire("primary", &options).await })
+    };
+    let parent = format!("{}/primary", palisade_zookeeper::ELECTIONS);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while watcher
+        .get_children(&parent)
+        .await
+        .map_or(0, |(c, _)| c.len())
+        != 2
+    {
+        assert!(
+            Instant::now() < give_up,
+            "the second candidate never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = leader.token();
+    leader.release().await.unwrap();
+    let second = next.await.unwrap().unwrap();
+    assert!(second.token() > first);
+    assert_eq!(leader_value().await, "10.0.0.2");
+    for refused in [Claim::Permit { permits: 2 }, Claim::Read, Claim::Write] {
+        let options = LockOptions {
+            claim: refused.clone(),
+            ..Default::default()
+        };
+        let e = a.acquire("pool", &options).await.unwrap_err();
+        assert!(
+            matches!(&e, LockError::InvalidInput(m) if m.contains("zookeeper")),
+            "{refused:?}: {e:?}"
+        );
+    }
+}

@@ -61,7 +61,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use claim::{Claim, Mode, RecipeBugs, Shape};
+pub use claim::{Claim, MAX_VALUE_LEN, Mode, RecipeBugs, Shape};
 pub use command::{
     Applied, Command, CommandKind, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId,
     SessionOwner,
