@@ -197,6 +197,18 @@ async fn queued(endpoint: &str, name: &str) -> u64 {
 
 /// Keys queued for `name` under `root` (the locks' or the elections' prefix).
 async fn queued_under(endpoint: &str, root: &str, name: &str) -> u64 {
+    let reply = range(endpoint, root, name, r#""count_only":true"#).await;
+    // JSON of proto3 leaves a zero count out.
+    reply
+        .split("\"count\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// etcd's answer (JSON, through its gateway, not through the backend) to a
+/// range over `root` `name` `/` with `options` (`"limit":1`, …).
+async fn range(endpoint: &str, root: &str, name: &str, options: &str) -> String {
     use base64::Engine as _;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let prefix = format!("{root}{name}/").into_bytes();
@@ -204,7 +216,7 @@ async fn queued_under(endpoint: &str, root: &str, name: &str) -> u64 {
     *end.last_mut().unwrap() += 1;
     let b64 = base64::engine::general_purpose::STANDARD;
     let body = format!(
-        r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
+        r#"{{"key":"{}","range_end":"{}",{options}}}"#,
         b64.encode(&prefix),
         b64.encode(&end)
     );
@@ -218,12 +230,7 @@ async fn queued_under(endpoint: &str, root: &str, name: &str) -> u64 {
     let mut reply = String::new();
     conn.read_to_string(&mut reply).await.unwrap();
     assert!(reply.contains("\"header\""), "not a range answer: {reply}");
-    // JSON of proto3 leaves a zero count out.
     reply
-        .split("\"count\":\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// Waits until the lock `name` has `n` keys queued (or panics after a minute:
@@ -300,27 +307,12 @@ async fn keys_whose_maker_lost_track_of_them_do_not_block_the_lock() {
 /// bytes (read through etcd's JSON gateway, not through the backend).
 async fn leader_value(endpoint: &str, name: &str) -> Option<String> {
     use base64::Engine as _;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let prefix = format!("{}{name}/", palisade_etcd::ELECTION_PREFIX).into_bytes();
-    let mut end = prefix.clone();
-    *end.last_mut().unwrap() += 1;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let body = format!(
-        r#"{{"key":"{}","range_end":"{}","limit":1,"sort_order":"ASCEND","sort_target":"CREATE"}}"#,
-        b64.encode(&prefix),
-        b64.encode(&end)
-    );
-    let mut conn = tokio::net::TcpStream::connect(endpoint).await.unwrap();
-    let request = format!(
-        "POST /v3/kv/range HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(request.as_bytes()).await.unwrap();
-    let mut reply = String::new();
-    conn.read_to_string(&mut reply).await.unwrap();
+    let options = r#""limit":1,"sort_order":"ASCEND","sort_target":"CREATE""#;
+    let reply = range(endpoint, palisade_etcd::ELECTION_PREFIX, name, options).await;
     let value = reply.split("\"value\":\"").nth(1)?.split('"').next()?;
-    let bytes = b64.decode(value).unwrap();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(value)
+        .unwrap();
     Some(String::from_utf8(bytes[16..].to_vec()).unwrap())
 }
 

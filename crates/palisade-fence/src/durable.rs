@@ -154,9 +154,7 @@ impl DurableFence {
     where
         E: From<FenceError>,
     {
-        validate_resource(resource).map_err(FenceError::from)?;
-        let mut txn = self.db.begin_write().map_err(FenceError::from)?;
-        txn.set_durability(Durability::Immediate);
+        let txn = self.begin(resource)?;
         let admitted = {
             let mark = stored_token(&txn, READ_MARKS, resource)?;
             let mut tokens = txn.open_table(TOKENS).map_err(FenceError::from)?;
@@ -180,6 +178,15 @@ impl DurableFence {
 }
 
 impl DurableFence {
+    /// A write transaction on `resource` (its name checked), committed with
+    /// an fsync: every decision of the fence is durable before it is answered.
+    fn begin(&self, resource: &str) -> Result<WriteTransaction, FenceError> {
+        validate_resource(resource)?;
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate);
+        Ok(txn)
+    }
+
     /// A shared read (a reader of a read/write lock): admits `token` for
     /// `resource` if no write under a higher token was accepted, raises the
     /// resource's read mark to it so that no write below it lands afterwards,
@@ -201,9 +208,7 @@ impl DurableFence {
     where
         E: From<FenceError>,
     {
-        validate_resource(resource).map_err(FenceError::from)?;
-        let mut txn = self.db.begin_write().map_err(FenceError::from)?;
-        txn.set_durability(Durability::Immediate);
+        let txn = self.begin(resource)?;
         let written = stored_token(&txn, TOKENS, resource)?;
         let admitted = decide(written, token, fencing)?;
         {
