@@ -213,15 +213,7 @@ impl ObjectStore {
     /// [`FenceError::Storage`].
     pub fn get(&self, key: &ObjectKey) -> Result<Option<StoredObject>, FenceError> {
         let txn = self.fence.database().begin_read()?;
-        let objects = txn.open_table(OBJECTS)?;
-        let Some(guard) = objects.get(key.as_str())? else {
-            return Ok(None);
-        };
-        let (raw, body) = guard.value();
-        Ok(Some(StoredObject {
-            token: token_from_db(key.as_str(), raw)?,
-            body: body.to_vec(),
-        }))
+        object_in(&txn.open_table(OBJECTS)?, key)
     }
 
     /// The highest token accepted for `key` (kept after a delete), if any.
@@ -238,7 +230,14 @@ fn stored_object(
     txn: &redb::WriteTransaction,
     key: &ObjectKey,
 ) -> Result<Option<StoredObject>, FenceError> {
-    let objects = txn.open_table(OBJECTS)?;
+    object_in(&txn.open_table(OBJECTS)?, key)
+}
+
+/// The object at `key` in `objects` (read or written: one decoding for both).
+fn object_in(
+    objects: &impl ReadableTable<&'static str, (u64, &'static [u8])>,
+    key: &ObjectKey,
+) -> Result<Option<StoredObject>, FenceError> {
     let Some(guard) = objects.get(key.as_str())? else {
         return Ok(None);
     };
