@@ -1,125 +1,111 @@
-//! One contract, every correctness backend: the same checks run through
-//! `backends::connect` and the `FencedLocks` trait against a real Palisade node,
-//! ZooKeeper, etcd and PostgreSQL. A new backend gets the same checks with one
-//! more block in `every_backend_keeps_the_lock_contract`.
+//! The Palisade server against the lock contract's suite (`lock_contract::*`
+//! of `palisade_core::conformance`, which every backend's own tests run): real
+//! `palisade serve` processes — 3 nodes killed with `kill -9` and cut off
+//! through the fault proxy where a property is about failures, one node
+//! otherwise — reached the way every command reaches a backend, through
+//! `palisade_backends::connect`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use palisade_backends::{self as backends, BackendUrl, SessionSpec};
-use palisade_core::{FencedLocks, LeaseState, LockError, LockOptions};
-use palisade_testkit::{EtcdCluster, PalisadeNode, PostgresServer, ZooKeeperEnsemble};
+use palisade_client::{Admin, ClientConfig};
+use palisade_core::conformance::{Cut, Fixture, Opening, Session};
+use palisade_core::lock::BoxFuture;
+use palisade_core::{FencedLocks, LockError};
+use palisade_faultproxy::FaultProxy;
+use palisade_testkit::PalisadeNode;
 
-fn now_or_never() -> LockOptions {
-    LockOptions::default()
+/// Palisade nodes as the suite needs them.
+struct Palisade {
+    nodes: Vec<PalisadeNode>,
 }
 
-fn waiting(wait: Duration) -> LockOptions {
-    LockOptions {
-        wait,
-        ..LockOptions::default()
+impl Palisade {
+    fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(PalisadeNode::addr).collect()
+    }
+
+    async fn connect(
+        endpoints: Vec<String>,
+        spec: SessionSpec,
+    ) -> Result<Box<dyn FencedLocks>, LockError> {
+        let url = BackendUrl {
+            scheme: "palisade".into(),
+            rest: endpoints.join(","),
+        };
+        backends::connect(&url, &spec).await
     }
 }
 
-async fn session(url: &BackendUrl) -> Box<dyn FencedLocks> {
-    let spec = SessionSpec {
-        ttl: Duration::from_secs(10),
-        ..SessionSpec::default()
-    };
-    backends::connect(url, &spec)
-        .await
-        .unwrap_or_else(|e| panic!("{}://{}: {e}", url.scheme, url.rest))
-}
-
-/// The checks every backend must pass.
-async fn conforms(url: &BackendUrl) {
-    let scheme = url.scheme.clone();
-    let (a, b) = (session(url).await, session(url).await);
-
-    // A grant, with a token and a live guarantee.
-    let first = a.acquire("conformance/x", &now_or_never()).await.unwrap();
-    assert_eq!(first.name(), "conformance/x", "{scheme}");
-    assert_eq!(first.state(), LeaseState::Held, "{scheme}");
-    assert!(!first.remaining().is_zero(), "{scheme}");
-
-    // Held: another session is refused at once, or when its wait runs out.
-    let e = b
-        .acquire("conformance/x", &now_or_never())
-        .await
-        .unwrap_err();
-    assert_eq!(e, LockError::WouldBlock, "{scheme}");
-    let e = b
-        .acquire("conformance/x", &waiting(Duration::from_millis(200)))
-        .await
-        .unwrap_err();
-    assert_eq!(e, LockError::WaitTimeout, "{scheme}");
-
-    // A waiter is granted once the holder releases, with a higher token.
-    let t1 = first.token();
-    let waiter = tokio::spawn(async move {
-        let lease = b
-            .acquire("conformance/x", &waiting(Duration::from_secs(30)))
-            .await;
-        (b, lease)
-    });
-    first.release().await.unwrap();
-    let (b, second) = waiter.await.unwrap();
-    let second = second.unwrap_or_else(|e| panic!("{scheme}: waiter: {e}"));
-    assert!(
-        second.token() > t1,
-        "{scheme}: {} after {t1}",
-        second.token()
-    );
-    second.release().await.unwrap();
-
-    // Bad input is refused with a typed error.
-    let long = "n".repeat(300);
-    for bad in ["", long.as_str(), "bad\nname"] {
-        let e = a.acquire(bad, &now_or_never()).await.unwrap_err();
-        assert!(
-            matches!(e, LockError::InvalidInput(_)),
-            "{scheme}: {bad:?}: {e:?}"
-        );
+impl Fixture for Palisade {
+    fn start(replicated: bool) -> Result<Self, String> {
+        let exe = std::path::Path::new(env!("CARGO_BIN_EXE_palisade"));
+        let nodes = if replicated {
+            PalisadeNode::cluster(exe, 3, &[])
+        } else {
+            PalisadeNode::single(exe).map(|n| vec![n])
+        };
+        Ok(Palisade {
+            nodes: nodes.map_err(|e| e.to_string())?,
+        })
     }
 
-    // Closing a session releases what it holds.
-    let held = a.acquire("conformance/y", &now_or_never()).await.unwrap();
-    let t_y = held.token();
-    std::mem::forget(held);
-    a.close().await.unwrap();
-    let after = b
-        .acquire("conformance/y", &waiting(Duration::from_secs(30)))
-        .await
-        .unwrap_or_else(|e| panic!("{scheme}: after close: {e}"));
-    assert!(after.token() > t_y, "{scheme}");
-    after.release().await.unwrap();
-    b.close().await.unwrap();
-}
+    fn session(&self, ttl: Duration) -> Opening<'_, Session> {
+        let spec = SessionSpec {
+            ttl,
+            ..SessionSpec::default()
+        };
+        Box::pin(Self::connect(self.addrs(), spec))
+    }
 
-fn url(scheme: &str, rest: String) -> BackendUrl {
-    BackendUrl {
-        scheme: scheme.into(),
-        rest,
+    /// Every node through its own proxy, also the leader a follower names.
+    fn cuttable_session(&self, ttl: Duration) -> Opening<'_, (Session, Cut)> {
+        Box::pin(async move {
+            let mut proxies = Vec::new();
+            let mut address_map = HashMap::new();
+            for addr in self.addrs() {
+                let proxy = FaultProxy::start(addr.parse().unwrap()).await.unwrap();
+                address_map.insert(addr, proxy.addr().to_string());
+                proxies.push(proxy);
+            }
+            let spec = SessionSpec {
+                ttl,
+                address_map: address_map.clone(),
+                ..SessionSpec::default()
+            };
+            let locks = Self::connect(address_map.into_values().collect(), spec).await?;
+            let links: Vec<_> = proxies.iter().map(|p| p.link().clone()).collect();
+            let cut = Cut::new(
+                move || proxies.iter().for_each(|p| p.link().partition()),
+                move || links.iter().for_each(|l| l.heal()),
+            );
+            Ok((locks, cut))
+        })
+    }
+
+    fn kill_and_restart(&mut self) -> Result<(), String> {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        for node in &mut self.nodes {
+            node.start().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The lock's holders and waiters, read linearizably by an admin call.
+    fn queued<'a>(&'a self, name: &'a str) -> Option<BoxFuture<'a, usize>> {
+        Some(Box::pin(async move {
+            let admin = Admin::new(&ClientConfig::new(self.addrs())).unwrap();
+            match admin.get(name).await {
+                Ok(Some(lock)) => lock.holders.len() + lock.waiters.len(),
+                Ok(None) => 0,
+                // Asked again by the suite's wait.
+                Err(_) => usize::MAX,
+            }
+        }))
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_backend_keeps_the_lock_contract() {
-    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_palisade"));
-    let node = tokio::task::block_in_place(|| PalisadeNode::single(exe)).unwrap();
-    conforms(&url("palisade", node.addr())).await;
-    tokio::task::block_in_place(move || drop(node));
-
-    let zk = tokio::task::block_in_place(|| ZooKeeperEnsemble::start(1)).unwrap();
-    conforms(&url("zk", zk.connect_string())).await;
-    tokio::task::block_in_place(move || drop(zk));
-
-    let etcd = tokio::task::block_in_place(|| EtcdCluster::start(1)).unwrap();
-    conforms(&url("etcd", etcd.endpoints().join(","))).await;
-    tokio::task::block_in_place(move || drop(etcd));
-
-    let pg = tokio::task::block_in_place(PostgresServer::start).unwrap();
-    let pg_url = pg.url();
-    let rest = pg_url.split_once("://").unwrap().1.to_owned();
-    conforms(&url("postgres", rest)).await;
-    tokio::task::block_in_place(move || drop(pg));
-}
+palisade_core::conformance_suite!(Palisade);

@@ -10,6 +10,8 @@
 
 #[cfg(feature = "runtime")]
 pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod duration;
 #[cfg(feature = "runtime")]
 pub mod guarantee;

@@ -613,7 +613,7 @@ impl ZkLocks {
 /// A lock name as one znode path segment: `%` and `/` are escaped (so
 /// `jobs/nightly` is one lock, not a nested path), and so are the dots of the
 /// names ZooKeeper refuses (`.` and `..`).
-fn znode_segment(name: &str) -> String {
+pub fn znode_segment(name: &str) -> String {
     if name == "." || name == ".." {
         return name.replace('.', "%2E");
     }

@@ -1,18 +1,19 @@
-//! The ZooKeeper backend against a real 3-server ensemble (Debian's
-//! `zookeeper`), killed with `kill -9` and cut off through the fault proxy.
-//! No assertion depends on how fast the machine is.
+//! The ZooKeeper backend against a real ensemble (Debian's `zookeeper`): the
+//! lock contract's suite (`lock_contract::*`, 3 servers killed with `kill -9`
+//! and cut off through the fault proxy where a property is about failures),
+//! then what is ZooKeeper's own. No assertion depends on how fast the machine
+//! is.
 
 use std::time::{Duration, Instant};
 
-use palisade_core::{FencedLease, LockError, LockOptions};
+use palisade_core::conformance::{Cut, Fixture, Opening, Session};
+use palisade_core::lock::BoxFuture;
+use palisade_core::{FencedLease, FencedLocks, LockError, LockOptions};
 use palisade_faultproxy::FaultProxy;
 use palisade_testkit::ZooKeeperEnsemble;
-use palisade_zookeeper::{ZkLease, ZkLocks};
+use palisade_zookeeper::{ZkLocks, znode_segment};
 
 const TTL: Duration = Duration::from_secs(2);
-
-/// A lock name with a slash, as users write them.
-const NAME: &str = "jobs/demo";
 
 fn now_or_never() -> LockOptions {
     LockOptions::default()
@@ -25,111 +26,69 @@ fn waiting(secs: u64) -> LockOptions {
     }
 }
 
-/// Takes `NAME` on a fresh session, again on another one while the ensemble
-/// does not answer in time: right after its JVMs start, on a loaded machine, a
-/// request can outlast the client's wait for an answer (`Unavailable`, seen in
-/// CI). A node that request may have created dies with its session (within
-/// the TTL), which the wait outlasts. What the test checks is the tokens'
-/// order, not how soon the ensemble answers.
-async fn acquire_on_a_new_session(endpoints: &str) -> (ZkLocks, ZkLease) {
-    let give_up = Instant::now() + Duration::from_secs(120);
-    loop {
-        let attempt = async {
-            let locks = ZkLocks::connect(endpoints, TTL).await?;
-            let lease = locks.acquire(NAME, &waiting(60)).await?;
-            Ok::<_, LockError>((locks, lease))
-        };
-        match attempt.await {
-            Ok(taken) => return taken,
-            Err(LockError::Unavailable { .. }) if Instant::now() < give_up => {}
-            Err(e) => panic!("acquire failed: {e}"),
+/// ZooKeeper as the lock contract's suite needs it: a 3-server ensemble
+/// where a property is about failures, one server otherwise.
+struct ZooKeeper {
+    ensemble: ZooKeeperEnsemble,
+}
+
+impl Fixture for ZooKeeper {
+    fn start(replicated: bool) -> Result<Self, String> {
+        let ensemble =
+            ZooKeeperEnsemble::start(if replicated { 3 } else { 1 }).map_err(|e| e.to_string())?;
+        Ok(ZooKeeper { ensemble })
+    }
+
+    fn session(&self, ttl: Duration) -> Opening<'_, Session> {
+        Box::pin(async move {
+            let locks = ZkLocks::connect(&self.ensemble.connect_string(), ttl).await?;
+            Ok(Box::new(locks) as Box<dyn FencedLocks>)
+        })
+    }
+
+    fn cuttable_session(&self, ttl: Duration) -> Opening<'_, (Session, Cut)> {
+        Box::pin(async move {
+            let mut proxies = Vec::new();
+            for e in self.ensemble.endpoints() {
+                proxies.push(FaultProxy::start(e.parse().unwrap()).await.unwrap());
+            }
+            let via: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+            let locks = ZkLocks::connect(&via.join(","), ttl).await?;
+            let links: Vec<_> = proxies.iter().map(|p| p.link().clone()).collect();
+            let cut = Cut::new(
+                move || proxies.iter().for_each(|p| p.link().partition()),
+                move || links.iter().for_each(|l| l.heal()),
+            );
+            Ok((Box::new(locks) as Box<dyn FencedLocks>, cut))
+        })
+    }
+
+    fn kill_and_restart(&mut self) -> Result<(), String> {
+        for i in 0..self.ensemble.len() {
+            self.ensemble.kill(i);
         }
+        for i in 0..self.ensemble.len() {
+            self.ensemble.start_server(i).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The children of the lock's node, as a plain client sees them.
+    fn queued<'a>(&'a self, name: &'a str) -> Option<BoxFuture<'a, usize>> {
+        Some(Box::pin(async move {
+            let watcher = zookeeper_client::Client::connect(&self.ensemble.connect_string())
+                .await
+                .unwrap();
+            let parent = format!("{}/{}", palisade_zookeeper::LOCKS, znode_segment(name));
+            watcher
+                .get_children(&parent)
+                .await
+                .map_or(0, |(children, _)| children.len())
+        }))
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_increase_also_across_a_kill9_of_every_server() {
-    let mut zk = ZooKeeperEnsemble::start(3).unwrap();
-    let endpoints = zk.connect_string();
-    let mut tokens = Vec::new();
-    for _ in 0..2 {
-        let (_locks, lease) = acquire_on_a_new_session(&endpoints).await;
-        tokens.push(lease.token().get());
-        lease.release().await.unwrap();
-    }
-    for i in 0..3 {
-        zk.kill(i);
-    }
-    for i in 0..3 {
-        zk.start_server(i).unwrap();
-    }
-    let (_locks, after) = acquire_on_a_new_session(&endpoints).await;
-    tokens.push(after.token().get());
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens must only grow: {tokens:?}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_granted_in_order_with_higher_tokens_and_timeouts_leave_nothing() {
-    let zk = ZooKeeperEnsemble::start(3).unwrap();
-    let endpoints = zk.connect_string();
-    let a = ZkLocks::connect(&endpoints, TTL).await.unwrap();
-    let b = ZkLocks::connect(&endpoints, TTL).await.unwrap();
-    let held = a.acquire("x", &now_or_never()).await.unwrap();
-    assert_eq!(
-        b.acquire("x", &now_or_never()).await.unwrap_err(),
-        LockError::WouldBlock
-    );
-    let e = b
-        .acquire(
-            "x",
-            &LockOptions {
-                wait: Duration::from_millis(300),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(e, LockError::WaitTimeout);
-    // Kept alive past several TTLs: still held.
-    tokio::time::sleep(TTL * 2).await;
-    assert!(!held.remaining().is_zero());
-    let first = held.token();
-    let waiter = tokio::spawn(async move { b.acquire("x", &waiting(60)).await.map(|l| l.token()) });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    held.release().await.unwrap();
-    let second = waiter.await.unwrap().unwrap();
-    assert!(second > first);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_cut_off_loses_its_lease_before_another_is_granted() {
-    let zk = ZooKeeperEnsemble::start(3).unwrap();
-    let mut proxies = Vec::new();
-    for e in zk.endpoints() {
-        proxies.push(FaultProxy::start(e.parse().unwrap()).await.unwrap());
-    }
-    let via: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
-    let cut_off = ZkLocks::connect(&via.join(","), TTL).await.unwrap();
-    let held = cut_off.acquire("p", &now_or_never()).await.unwrap();
-    let lost = held.lost();
-    for p in &proxies {
-        p.link().partition();
-    }
-    let other = ZkLocks::connect(&zk.connect_string(), TTL).await.unwrap();
-    let granted = other.acquire("p", &waiting(60)).await.unwrap();
-    let at_grant = Instant::now();
-    assert!(
-        held.guaranteed_until() <= at_grant,
-        "two holders inside their guarantees"
-    );
-    tokio::time::timeout(Duration::from_secs(1), lost)
-        .await
-        .expect("lost() had fired");
-    assert!(granted.token() > held.token());
-}
+palisade_core::conformance_suite!(ZooKeeper);
 
 /// Waits until the lock `name` has `n` nodes queued, as a plain client sees
 /// it (or panics after a minute: the fault was not reached).
@@ -228,13 +187,9 @@ async fn nodes_whose_maker_lost_track_of_them_do_not_block_the_lock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_gets_typed_errors() {
+async fn options_and_servers_it_cannot_serve_get_typed_errors() {
     let zk = ZooKeeperEnsemble::start(1).unwrap();
     let locks = ZkLocks::connect(&zk.connect_string(), TTL).await.unwrap();
-    assert!(matches!(
-        locks.acquire("", &now_or_never()).await.unwrap_err(),
-        LockError::InvalidInput(_)
-    ));
     assert!(matches!(
         locks
             .acquire(
