@@ -5,18 +5,17 @@
 //! Everything that takes a lock by URL (`palisade lock --backend URL`, the
 //! drills' workers, the benchmarks) goes through [`connect`] and then only
 //! through the [`FencedLocks`] trait. A new backend is a crate that implements
-//! the trait, plus one arm in [`connect`] and one line in [`SCHEMES`].
+//! the trait and declares its [`Descriptor`], plus one line in [`REGISTRY`].
 //!
 //! This crate is on the product side: it links the backends' client crates and
 //! nothing of the test rigs (`lab/`).
 
 pub mod exit;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use palisade_client::{Client, ClientConfig, TlsOptions};
+pub use palisade_core::backend::{Descriptor, SessionSpec, Tls};
 use palisade_core::{FencedLocks, LockError};
 use palisade_fence::Fencing;
 
@@ -46,35 +45,28 @@ impl From<FencingArg> for Fencing {
     }
 }
 
-/// The registered schemes and the shape of their URLs (for help and errors).
-pub const SCHEMES: &[(&str, &str)] = &[
-    ("palisade", "palisade://HOST:PORT[,HOST:PORT…]"),
-    ("etcd", "etcd://HOST:PORT[,HOST:PORT…]"),
-    ("zk", "zk://HOST:PORT[,HOST:PORT…][/chroot]"),
-    ("postgres", "postgres://USER@HOST:PORT/DB"),
-    ("postgresql", "postgresql://USER@HOST:PORT/DB"),
+/// Every correctness-lock backend, one line each. A new backend is a crate
+/// that implements [`FencedLocks`] and declares its [`Descriptor`], plus one
+/// line here; commands, reviews, drills and benchmarks find it through this
+/// list.
+pub static REGISTRY: &[&Descriptor] = &[
+    &palisade_client::DESCRIPTOR,
+    &palisade_etcd::DESCRIPTOR,
+    &palisade_zookeeper::DESCRIPTOR,
+    &palisade_postgres::DESCRIPTOR,
 ];
 
-/// What every backend's session needs.
-#[derive(Clone, Default)]
-pub struct SessionSpec {
-    /// How long the locks outlive this process going silent.
-    pub ttl: Duration,
-    /// TLS to the backend, if it takes it.
-    pub tls: Option<TlsOptions>,
-    /// A bearer token, if the backend takes one.
-    pub bearer_token: Option<String>,
-    /// Palisade: how long one request may take (default: the client's).
-    pub request_timeout: Option<Duration>,
-    /// Palisade: how long to keep trying to reach a leader (nodes down, an
-    /// election) before a call gives up (default: the client's).
-    pub retry_for: Option<Duration>,
-    /// Palisade: a name for this session in the servers' logs.
-    pub label: Option<String>,
-    /// Palisade: server addresses as the cluster advertises them, mapped to how
-    /// this process reaches them (a drill's worker reaches every node through
-    /// its own fault proxy, also the leader a follower names).
-    pub address_map: HashMap<String, String>,
+/// The backend that answers to `scheme`.
+pub fn by_scheme(scheme: &str) -> Option<&'static Descriptor> {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|d| d.schemes.iter().any(|s| s.scheme == scheme))
+}
+
+/// The backend called `name` (`zookeeper`, …).
+pub fn by_name(name: &str) -> Option<&'static Descriptor> {
+    REGISTRY.iter().copied().find(|d| d.name == name)
 }
 
 /// A backend URL split into its scheme and the rest.
@@ -96,7 +88,7 @@ impl std::str::FromStr for BackendUrl {
                 known()
             ))
         })?;
-        if !SCHEMES.iter().any(|(known, _)| *known == scheme) {
+        if by_scheme(scheme).is_none() {
             return Err(LockError::InvalidInput(format!(
                 "backend {s:?}: unknown scheme {scheme:?}; known: {}",
                 known()
@@ -110,34 +102,16 @@ impl std::str::FromStr for BackendUrl {
 }
 
 impl BackendUrl {
-    /// The comma-separated `HOST:PORT`s after the scheme (a trailing `/` and
-    /// empty items dropped).
-    fn endpoints(&self) -> Vec<String> {
-        self.rest
-            .trim_end_matches('/')
-            .split(',')
-            .filter(|e| !e.is_empty())
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-/// Backends that authenticate clients by certificate refuse a bearer token
-/// rather than ignore it.
-fn refuse_bearer_token(session: &SessionSpec, backend: &str) -> Result<(), LockError> {
-    match session.bearer_token {
-        Some(_) => Err(LockError::InvalidInput(format!(
-            "{backend} authenticates clients by certificate: give --cert/--key \
-             (with --ca); --token-file is for palisade://"
-        ))),
-        None => Ok(()),
+    /// The backend this URL names (its scheme was checked when parsed).
+    pub fn backend(&self) -> Option<&'static Descriptor> {
+        by_scheme(&self.scheme)
     }
 }
 
 fn known() -> String {
-    SCHEMES
+    REGISTRY
         .iter()
-        .map(|(_, shape)| *shape)
+        .flat_map(|d| d.schemes.iter().map(|s| s.shape))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -151,85 +125,10 @@ pub async fn connect(
     url: &BackendUrl,
     session: &SessionSpec,
 ) -> Result<Box<dyn FencedLocks>, LockError> {
-    match url.scheme.as_str() {
-        "palisade" => {
-            let endpoints = url.endpoints();
-            if endpoints.is_empty() {
-                return Err(LockError::InvalidInput(
-                    "palisade:// needs at least one HOST:PORT".into(),
-                ));
-            }
-            let mut config = ClientConfig::new(endpoints);
-            config.session_ttl = session.ttl;
-            config.tls = session.tls.clone();
-            config.bearer_token = session.bearer_token.clone();
-            config.address_map = session.address_map.clone();
-            if let Some(t) = session.request_timeout {
-                config.rpc_timeout = t;
-            }
-            if let Some(t) = session.retry_for {
-                config.retry_for = t;
-            }
-            if let Some(label) = &session.label {
-                config.label = label.clone();
-            }
-            Ok(Box::new(Client::connect(config).await?))
-        }
-        "etcd" => {
-            refuse_bearer_token(session, "etcd")?;
-            let endpoints = url.endpoints();
-            let tls = session.tls.as_ref().map(|t| palisade_etcd::EtcdTls {
-                ca_pem: t.ca_pem.clone(),
-                identity: t.identity.clone(),
-                server_name: t.server_name.clone(),
-            });
-            Ok(Box::new(
-                palisade_etcd::EtcdLocks::connect_with(&endpoints, session.ttl, tls.as_ref())
-                    .await?,
-            ))
-        }
-        "zk" => {
-            refuse_bearer_token(session, "ZooKeeper")?;
-            let tls = match &session.tls {
-                Some(t) if t.server_name.is_some() => {
-                    return Err(LockError::InvalidInput(
-                        "the ZooKeeper backend checks each server's certificate against \
-                         the host of the connect string; another name cannot be given"
-                            .into(),
-                    ));
-                }
-                Some(t) => Some(palisade_zookeeper::ZkTls {
-                    ca_pem: t.ca_pem.clone(),
-                    identity: t.identity.clone(),
-                }),
-                None => None,
-            };
-            Ok(Box::new(
-                palisade_zookeeper::ZkLocks::connect_with(
-                    url.rest.trim_end_matches('/'),
-                    session.ttl,
-                    tls.as_ref(),
-                )
-                .await?,
-            ))
-        }
-        "postgres" | "postgresql" => {
-            if session.tls.is_some() || session.bearer_token.is_some() {
-                return Err(LockError::InvalidInput(
-                    "the postgres backend takes its credentials in the URL; \
-                     --ca/--cert/--token-file are for palisade://"
-                        .into(),
-                ));
-            }
-            let url = format!("{}://{}", url.scheme, url.rest);
-            Ok(Box::new(
-                palisade_postgres::PgLocks::connect(&url, session.ttl).await?,
-            ))
-        }
-        other => Err(LockError::InvalidInput(format!(
-            "no backend is registered for {other:?}"
-        ))),
-    }
+    let backend = url.backend().ok_or_else(|| {
+        LockError::InvalidInput(format!("no backend is registered for {:?}", url.scheme))
+    })?;
+    (backend.connect)(&url.scheme, &url.rest, session).await
 }
 
 #[cfg(test)]

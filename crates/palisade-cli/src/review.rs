@@ -71,39 +71,11 @@ struct BackendFacts {
     clocks: &'static str,
 }
 
+/// A correctness backend's facts from its descriptor; Redis and Redlock
+/// (efficiency locks, outside the registry) by what `nodes` says.
 fn facts(scheme: &str, nodes: usize) -> Option<BackendFacts> {
-    Some(match scheme {
-        "palisade" => BackendFacts {
-            name: "Palisade (Raft-replicated lock server)",
-            drill_name: "palisade",
-            lease_on: "the leader's monotonic clock; a new leader restarts every countdown at full length; the client relies on the send time of its last acknowledged keep-alive + TTL − margin",
-            token: Some(
-                "the Raft log index of the granting entry: strictly increasing per lock, never reused across crashes",
-            ),
-            clocks: "no: expiry is a log entry decided on the leader's monotonic clock; a wrong clock cannot make two grants share a token",
-        },
-        "etcd" => BackendFacts {
-            name: "etcd (lease + mutex recipe)",
-            drill_name: "etcd",
-            lease_on: "the etcd leader's lease countdown (monotonic)",
-            token: Some("the lock key's create_revision"),
-            clocks: "no for tokens; a lease may outlive a paused holder",
-        },
-        "zk" => BackendFacts {
-            name: "ZooKeeper (ephemeral-sequential recipe)",
-            drill_name: "zookeeper",
-            lease_on: "the ZooKeeper session timeout, on the server",
-            token: Some("the lock node's czxid"),
-            clocks: "no for tokens; a session may outlive a paused holder",
-        },
-        "postgres" | "postgresql" => BackendFacts {
-            name: "PostgreSQL (a row per hold)",
-            drill_name: "postgres",
-            lease_on: "the database's clock_timestamp() (its wall clock): a clock jump on the database host can end leases early or late",
-            token: Some("a sequence advanced in the granting transaction"),
-            clocks: "yes for leases (the database's wall clock); no for tokens",
-        },
-        "redis" => BackendFacts {
+    if scheme == "redis" {
+        return Some(BackendFacts {
             name: if nodes > 1 {
                 "Redlock (independent Redis masters)"
             } else {
@@ -113,8 +85,16 @@ fn facts(scheme: &str, nodes: usize) -> Option<BackendFacts> {
             lease_on: "each Redis server's wall clock (the key's PX expiry); the client's validity on its monotonic clock, minus a drift allowance",
             token: None,
             clocks: "yes: bounded clock drift, pauses and network delays are assumed",
-        },
-        _ => return None,
+        });
+    }
+    let backend = crate::backends::by_scheme(scheme)?;
+    let f = backend.facts;
+    Some(BackendFacts {
+        name: f.title,
+        drill_name: backend.name,
+        lease_on: f.lease_on,
+        token: Some(f.token),
+        clocks: f.clocks,
     })
 }
 

@@ -569,7 +569,7 @@ async fn hold(a: LockArgs, claim: Claim) -> Result<i32> {
     };
     let spec = SessionSpec {
         ttl: a.ttl,
-        tls,
+        tls: tls.map(Into::into),
         bearer_token,
         retry_for: Some(a.endpoints.retry_for),
         ..SessionSpec::default()

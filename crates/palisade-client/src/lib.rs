@@ -31,6 +31,9 @@ mod session;
 mod types;
 
 use std::sync::Arc;
+
+use palisade_core::backend::{Descriptor, Facts, Scheme, Tls};
+use palisade_core::{FencedLocks, LockError};
 use std::time::Duration;
 
 pub use error::ClientError;
@@ -757,6 +760,73 @@ impl palisade_core::FencedLocks for Client {
         self: Box<Self>,
     ) -> palisade_core::lock::BoxFuture<'static, Result<(), palisade_core::LockError>> {
         Box::pin(async move { (*self).close().await.map_err(Into::into) })
+    }
+}
+
+/// The Palisade server as a backend, as the registry in `palisade-backends`
+/// lists it.
+pub static DESCRIPTOR: Descriptor = Descriptor {
+    name: "palisade",
+    schemes: &[Scheme {
+        scheme: "palisade",
+        shape: "palisade://HOST:PORT[,HOST:PORT…]",
+    }],
+    facts: Facts {
+        title: "Palisade (Raft-replicated lock server)",
+        lease_on: "the leader's monotonic clock; a new leader restarts every countdown at full \
+                   length; the client relies on the send time of its last acknowledged \
+                   keep-alive + TTL − margin",
+        token: "the Raft log index of the granting entry: strictly increasing per lock, never \
+                reused across crashes",
+        clocks: "no: expiry is a log entry decided on the leader's monotonic clock; a wrong \
+                 clock cannot make two grants share a token",
+    },
+    connect: |_scheme, rest, session| {
+        Box::pin(async move {
+            let endpoints = palisade_core::backend::endpoints(rest);
+            if endpoints.is_empty() {
+                return Err(LockError::InvalidInput(
+                    "palisade:// needs at least one HOST:PORT".into(),
+                ));
+            }
+            let mut config = ClientConfig::new(endpoints);
+            config.session_ttl = session.ttl;
+            config.tls = session.tls.clone().map(TlsOptions::from);
+            config.bearer_token = session.bearer_token.clone();
+            config.address_map = session.address_map.clone();
+            if let Some(t) = session.request_timeout {
+                config.rpc_timeout = t;
+            }
+            if let Some(t) = session.retry_for {
+                config.retry_for = t;
+            }
+            if let Some(label) = &session.label {
+                config.label = label.clone();
+            }
+            Ok(Box::new(Client::connect(config).await?) as Box<dyn FencedLocks>)
+        })
+    },
+};
+
+/// The backend vocabulary's TLS is the client's.
+impl From<Tls> for TlsOptions {
+    fn from(t: Tls) -> Self {
+        TlsOptions {
+            ca_pem: t.ca_pem,
+            identity: t.identity,
+            server_name: t.server_name,
+        }
+    }
+}
+
+/// For a session opened by URL (`palisade_backends::connect`).
+impl From<TlsOptions> for Tls {
+    fn from(t: TlsOptions) -> Self {
+        Tls {
+            ca_pem: t.ca_pem,
+            identity: t.identity,
+            server_name: t.server_name,
+        }
     }
 }
 

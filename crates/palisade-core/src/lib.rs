@@ -7,7 +7,11 @@
 //! - [`LeaseState`]: held / jeopardy / lost, the three states every guard reports.
 //! - [`limits`]: the documented bounds on names and TTLs, and their validation.
 //! - [`duration`]: the human duration syntax the CLI accepts (`10s`, `0.2s`, `150ms`).
+//! - [`backend`]: how a correctness backend declares itself (name, URL schemes,
+//!   review facts, how to connect), once, in its own crate.
+//! - `conformance` (feature): the lock contract as a suite each backend runs.
 
+pub mod backend;
 #[cfg(feature = "runtime")]
 pub mod clock;
 #[cfg(feature = "conformance")]

@@ -58,6 +58,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use palisade_core::backend::{Descriptor, Facts, Scheme};
 use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
@@ -347,27 +348,9 @@ pub struct EtcdLocks {
     session: Arc<Session>,
 }
 
-/// TLS to the etcd members.
-#[derive(Clone)]
-pub struct EtcdTls {
-    /// PEM of the CA that signed the members' certificates: the only one trusted.
-    pub ca_pem: Vec<u8>,
-    /// This client's certificate chain and key (PEM), for `--client-cert-auth`.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-    /// The name to expect in the members' certificates; `None`: the host of
-    /// each endpoint.
-    pub server_name: Option<String>,
-}
-
-/// The key never reaches debug output.
-impl std::fmt::Debug for EtcdTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdTls")
-            .field("identity", &self.identity.is_some())
-            .field("server_name", &self.server_name)
-            .finish_non_exhaustive()
-    }
-}
+/// TLS to the etcd members (the CA that signed the members' certificates,
+/// this client's certificate for `--client-cert-auth`, the name to expect).
+pub type EtcdTls = palisade_core::backend::Tls;
 
 impl EtcdLocks {
     /// Connects to `endpoints` (`HOST:PORT`, any members) in plaintext and
@@ -997,6 +980,30 @@ impl std::fmt::Debug for EtcdLease {
             .finish()
     }
 }
+
+/// The etcd backend, as the registry in `palisade-backends` lists it.
+pub static DESCRIPTOR: Descriptor = Descriptor {
+    name: "etcd",
+    schemes: &[Scheme {
+        scheme: "etcd",
+        shape: "etcd://HOST:PORT[,HOST:PORT…]",
+    }],
+    facts: Facts {
+        title: "etcd (lease + mutex recipe)",
+        lease_on: "the etcd leader's lease countdown (monotonic)",
+        token: "the lock key's create_revision",
+        clocks: "no for tokens; a lease may outlive a paused holder",
+    },
+    connect: |_scheme, rest, session| {
+        Box::pin(async move {
+            session.refuse_bearer_token("etcd")?;
+            let endpoints = palisade_core::backend::endpoints(rest);
+            let locks =
+                EtcdLocks::connect_with(&endpoints, session.ttl, session.tls.as_ref()).await?;
+            Ok(Box::new(locks) as Box<dyn FencedLocks>)
+        })
+    },
+};
 
 #[cfg(test)]
 mod tests {

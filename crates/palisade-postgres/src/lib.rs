@@ -55,6 +55,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use palisade_core::backend::{Descriptor, Facts, Scheme};
 use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
@@ -759,6 +760,41 @@ impl std::fmt::Debug for PgLease {
             .finish()
     }
 }
+
+/// The PostgreSQL backend, as the registry in `palisade-backends` lists it.
+pub static DESCRIPTOR: Descriptor = Descriptor {
+    name: BACKEND,
+    schemes: &[
+        Scheme {
+            scheme: "postgres",
+            shape: "postgres://USER@HOST:PORT/DB",
+        },
+        Scheme {
+            scheme: "postgresql",
+            shape: "postgresql://USER@HOST:PORT/DB",
+        },
+    ],
+    facts: Facts {
+        title: "PostgreSQL (a row per hold)",
+        lease_on: "the database's clock_timestamp() (its wall clock): a clock jump on the \
+                   database host can end leases early or late",
+        token: "a sequence advanced in the granting transaction",
+        clocks: "yes for leases (the database's wall clock); no for tokens",
+    },
+    connect: |scheme, rest, session| {
+        Box::pin(async move {
+            if session.tls.is_some() || session.bearer_token.is_some() {
+                return Err(LockError::InvalidInput(
+                    "the postgres backend takes its credentials in the URL; \
+                     --ca/--cert/--token-file are for palisade://"
+                        .into(),
+                ));
+            }
+            let locks = PgLocks::connect(&format!("{scheme}://{rest}"), session.ttl).await?;
+            Ok(Box::new(locks) as Box<dyn FencedLocks>)
+        })
+    },
+};
 
 #[cfg(test)]
 mod tests {

@@ -53,6 +53,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use palisade_core::backend::{Descriptor, Facts, Scheme};
 use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
@@ -804,6 +805,44 @@ impl std::fmt::Debug for ZkLease {
             .finish()
     }
 }
+
+/// The ZooKeeper backend, as the registry in `palisade-backends` lists it.
+pub static DESCRIPTOR: Descriptor = Descriptor {
+    name: BACKEND,
+    schemes: &[Scheme {
+        scheme: "zk",
+        shape: "zk://HOST:PORT[,HOST:PORT…][/chroot]",
+    }],
+    facts: Facts {
+        title: "ZooKeeper (ephemeral-sequential recipe)",
+        lease_on: "the ZooKeeper session timeout, on the server",
+        token: "the lock node's czxid",
+        clocks: "no for tokens; a session may outlive a paused holder",
+    },
+    connect: |_scheme, rest, session| {
+        Box::pin(async move {
+            session.refuse_bearer_token("ZooKeeper")?;
+            let tls = match &session.tls {
+                Some(t) if t.server_name.is_some() => {
+                    return Err(LockError::InvalidInput(
+                        "the ZooKeeper backend checks each server's certificate against \
+                         the host of the connect string; another name cannot be given"
+                            .into(),
+                    ));
+                }
+                Some(t) => Some(ZkTls {
+                    ca_pem: t.ca_pem.clone(),
+                    identity: t.identity.clone(),
+                }),
+                None => None,
+            };
+            let locks =
+                ZkLocks::connect_with(rest.trim_end_matches('/'), session.ttl, tls.as_ref())
+                    .await?;
+            Ok(Box::new(locks) as Box<dyn FencedLocks>)
+        })
+    },
+};
 
 #[cfg(test)]
 mod tests {

@@ -325,7 +325,7 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
                 ..SessionSpec::default()
             };
             if let (Some(ca), Some(cert), Some(key)) = (&a.ca, &a.cert, &a.key) {
-                spec.tls = Some(TlsOptions::from_files(ca, Some((cert, key)))?);
+                spec.tls = Some(TlsOptions::from_files(ca, Some((cert, key)))?.into());
             }
             for pair in &a.address_map {
                 let (from, to) = pair
