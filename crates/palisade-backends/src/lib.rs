@@ -48,11 +48,11 @@ impl From<FencingArg> for Fencing {
 /// Every correctness-lock backend, one line each. A new backend is a crate
 /// that implements [`FencedLocks`] and declares its [`Descriptor`], plus one
 /// line here; commands, reviews, drills and benchmarks find it through this
-/// list.
+/// list, in this order (the order of reports).
 pub static REGISTRY: &[&Descriptor] = &[
     &palisade_client::DESCRIPTOR,
-    &palisade_etcd::DESCRIPTOR,
     &palisade_zookeeper::DESCRIPTOR,
+    &palisade_etcd::DESCRIPTOR,
     &palisade_postgres::DESCRIPTOR,
 ];
 

@@ -13,6 +13,7 @@ mod palisade;
 mod postgres;
 mod prometheus;
 mod redis;
+pub mod servers;
 mod silent;
 mod zookeeper;
 
@@ -23,6 +24,7 @@ pub use palisade::{PalisadeNode, colocated_worker_threads};
 pub use postgres::PostgresServer;
 pub use prometheus::PrometheusServer;
 pub use redis::RedisServer;
+pub use servers::{Launch, Launcher, PalisadeCluster, Servers};
 pub use silent::SilentServer;
 pub use zookeeper::ZooKeeperEnsemble;
 

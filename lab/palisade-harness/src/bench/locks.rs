@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use palisade_core::{FencedLocks, LockOptions};
-use palisade_testkit::{EtcdCluster, PalisadeNode, PostgresServer, ZooKeeperEnsemble};
+use palisade_testkit::servers::{Launch, Servers};
 use serde::Serialize;
 
 use super::stats::{Samples, Sorted};
@@ -81,83 +81,50 @@ pub struct Measured {
     pub pairs_per_s: f64,
 }
 
-/// Servers a setup started; stopped when dropped.
-enum Servers {
-    None,
-    Palisade(#[allow(dead_code)] Vec<PalisadeNode>),
-    ZooKeeper(#[allow(dead_code)] ZooKeeperEnsemble),
-    Etcd(#[allow(dead_code)] EtcdCluster),
-    Postgres(#[allow(dead_code)] PostgresServer),
-}
-
 /// One backend to measure.
 struct Setup {
     url: BackendUrl,
     nodes: usize,
-    _servers: Servers,
+    /// The servers this run started (stopped when dropped); `None` for a
+    /// backend given by URL.
+    _servers: Option<Box<dyn Servers>>,
 }
 
-/// What the default run starts, in report order: scheme, servers, and what
-/// the URL adds (PostgreSQL is measured with waiters woken by `NOTIFY`, and
-/// polling only, as behind a pooler that cannot `LISTEN`).
+/// What the default run starts, in report order: the backend, how many
+/// servers, and what the URL adds (PostgreSQL is measured with waiters woken
+/// by `NOTIFY`, and polling only, as behind a pooler that cannot `LISTEN`).
 const DEFAULT_SETUPS: &[(&str, usize, &str)] = &[
     ("palisade", 1, ""),
     ("palisade", 3, ""),
-    ("zk", 1, ""),
-    ("zk", 3, ""),
+    ("zookeeper", 1, ""),
+    ("zookeeper", 3, ""),
     ("etcd", 3, ""),
     ("postgres", 1, ""),
     ("postgres", 1, "?palisade_wait=poll"),
 ];
 
-fn start(exe: &std::path::Path, scheme: &str, n: usize, suffix: &str) -> Result<Setup> {
-    let (rest, servers) = match scheme {
-        "palisade" => {
-            let nodes = PalisadeNode::cluster_with(exe, n as u64, |_| Vec::new())?;
-            let rest = nodes
-                .iter()
-                .map(PalisadeNode::addr)
-                .collect::<Vec<_>>()
-                .join(",");
-            (rest, Servers::Palisade(nodes))
-        }
-        "zk" => {
-            let zk = ZooKeeperEnsemble::start(n)
-                .context("starting ZooKeeper (apt-get install zookeeper)")?;
-            (zk.connect_string(), Servers::ZooKeeper(zk))
-        }
-        "etcd" => {
-            let etcd =
-                EtcdCluster::start(n).context("starting etcd (apt-get install etcd-server)")?;
-            (etcd.endpoints().join(","), Servers::Etcd(etcd))
-        }
-        _ => {
-            let pg = PostgresServer::start()
-                .context("starting PostgreSQL (apt-get install postgresql)")?;
-            let url = pg.url();
-            let rest = url.split_once("://").map_or(url.clone(), |(_, r)| r.into());
-            (rest, Servers::Postgres(pg))
-        }
+fn start(exe: &std::path::Path, backend: &str, n: usize, suffix: &str) -> Result<Setup> {
+    let launcher = palisade_testkit::servers::launcher(backend)
+        .with_context(|| format!("no testkit launcher for {backend}"))?;
+    let launch = Launch {
+        exe: exe.to_owned(),
+        servers: n,
+        certs: None,
     };
+    let servers = (launcher.start)(&launch)
+        .with_context(|| format!("starting {backend} (apt-get install {})", launcher.package))?;
+    let url = format!("{}{suffix}", servers.url()).parse::<BackendUrl>()?;
     Ok(Setup {
-        url: BackendUrl {
-            scheme: scheme.to_owned(),
-            rest: rest + suffix,
-        },
-        nodes: n,
-        _servers: servers,
+        url,
+        nodes: servers.len(),
+        _servers: Some(servers),
     })
 }
 
-/// The number of servers a URL names (PostgreSQL: one).
+/// The number of servers a URL names: its comma-separated hosts.
 fn nodes_in(url: &BackendUrl) -> usize {
-    match url.scheme.as_str() {
-        "postgres" | "postgresql" => 1,
-        _ => {
-            let hosts = url.rest.split('/').next().unwrap_or_default();
-            hosts.split(',').filter(|h| !h.is_empty()).count()
-        }
-    }
+    let hosts = url.rest.split('/').next().unwrap_or_default();
+    hosts.split(',').filter(|h| !h.is_empty()).count()
 }
 
 /// Runs the benchmark; returns the exit status.
@@ -193,14 +160,14 @@ pub async fn run(a: LockBenchArgs) -> Result<i32> {
         // Started one at a time and stopped before the next: on 2 cores, one
         // backend's idle servers would otherwise tax the next one's numbers.
         let setup = if given.is_empty() {
-            let (scheme, n, suffix) = DEFAULT_SETUPS[i];
-            bar.set_message(format!("starting {scheme} ×{n}"));
-            tokio::task::block_in_place(|| start(&exe, scheme, n, suffix))?
+            let (backend, n, suffix) = DEFAULT_SETUPS[i];
+            bar.set_message(format!("starting {backend} ×{n}"));
+            tokio::task::block_in_place(|| start(&exe, backend, n, suffix))?
         } else {
             Setup {
                 nodes: nodes_in(&given[i]),
                 url: given[i].clone(),
-                _servers: Servers::None,
+                _servers: None,
             }
         };
         let name = backend_name(&setup.url);
@@ -248,17 +215,15 @@ pub async fn run(a: LockBenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// The backend's name in rows: `zookeeper` for `zk://`, `postgres` for
-/// `postgresql://` (`postgres-poll` when its waiters only poll), else the
-/// scheme.
+/// The backend's name in rows: its descriptor's (`zookeeper` for `zk://`),
+/// `-poll` added when the URL asks waiters to poll only
+/// (`palisade_wait=poll`).
 fn backend_name(url: &BackendUrl) -> String {
-    match url.scheme.as_str() {
-        "zk" => "zookeeper".into(),
-        "postgres" | "postgresql" if url.rest.contains("palisade_wait=poll") => {
-            "postgres-poll".into()
-        }
-        "postgresql" => "postgres".into(),
-        other => other.into(),
+    let name = url.backend().map_or(url.scheme.as_str(), |d| d.name);
+    if url.rest.contains("palisade_wait=poll") {
+        format!("{name}-poll")
+    } else {
+        name.to_owned()
     }
 }
 

@@ -12,12 +12,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use palisade_chaos::{Event, EventKind, History};
-use palisade_client::{Admin, ClientConfig, TlsOptions};
 use palisade_faultproxy::{FaultProxy, Link};
 use palisade_fence::journal::{Journal, monotonic_us};
-use palisade_testkit::{
-    EtcdCluster, PalisadeNode, PostgresServer, RedisServer, ZooKeeperEnsemble, free_port,
-};
+use palisade_testkit::servers::{Launch, Servers, UrlFor, client_tls_files};
+use palisade_testkit::{RedisServer, free_port};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::mpsc;
@@ -28,9 +26,8 @@ use super::worker::{Backend, Between, Command, CounterWrite, Report};
 
 /// How many Redis servers a drill runs (Redlock's five).
 pub const REDIS_NODES: usize = 5;
-/// How many Palisade nodes a drill runs.
-pub const PALISADE_NODES: u64 = 3;
-/// How many ZooKeeper servers and etcd members a drill runs.
+/// How many servers a replicated correctness backend runs in a drill
+/// (Palisade nodes, ZooKeeper servers, etcd members).
 pub const ENSEMBLE_SIZE: usize = 3;
 /// The longest any single worker command may take before the drill gives up.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,10 +46,8 @@ pub struct Env {
     /// With `--tls`: the drill's CA, node and client certificates.
     certs: Option<tempfile::TempDir>,
     redis: Vec<RedisServer>,
-    nodes: Vec<PalisadeNode>,
-    zookeeper: Option<ZooKeeperEnsemble>,
-    etcd: Option<EtcdCluster>,
-    postgres: Option<PostgresServer>,
+    /// Each correctness backend's servers, by [`Backend::Fenced`] index.
+    fenced: HashMap<usize, Box<dyn Servers>>,
     stores: HashMap<bool, Store>,
 }
 
@@ -67,7 +62,7 @@ impl Env {
             let out = std::process::Command::new(&exe)
                 .args(["certs", "init"])
                 .arg(dir.path())
-                .args(["--nodes", &PALISADE_NODES.to_string(), "--clients", "drill"])
+                .args(["--nodes", &ENSEMBLE_SIZE.to_string(), "--clients", "drill"])
                 .output()?;
             if !out.status.success() {
                 bail!(
@@ -83,10 +78,7 @@ impl Env {
             exe,
             certs,
             redis: Vec::new(),
-            nodes: Vec::new(),
-            zookeeper: None,
-            etcd: None,
-            postgres: None,
+            fenced: HashMap::new(),
             stores: HashMap::new(),
         })
     }
@@ -113,47 +105,23 @@ impl Env {
                     }
                 }
             }
-            Backend::Palisade => {
-                if self.nodes.is_empty() {
-                    let certs = self.certs.as_ref().map(|d| d.path().to_owned());
-                    self.nodes = PalisadeNode::cluster_with(&self.exe, PALISADE_NODES, |id| {
-                        certs
-                            .as_deref()
-                            .map_or_else(Vec::new, |dir| node_tls_args(dir, id))
-                    })?;
-                }
-                for n in &mut self.nodes {
-                    if n.pid().is_none() {
-                        n.start()?;
-                    } else if let Some(pid) = n.pid() {
-                        // A node a trial paused must not stay paused.
-                        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
-                    }
-                }
-                self.wait_until_settled().await?;
-            }
-            Backend::Zookeeper => {
-                if self.zookeeper.is_none() {
-                    let zk =
-                        tokio::task::block_in_place(|| ZooKeeperEnsemble::start(ENSEMBLE_SIZE))
-                            .context("starting a ZooKeeper ensemble (apt-get install zookeeper)")?;
-                    self.zookeeper = Some(zk);
-                }
-                self.revive(backend).await?;
-            }
-            Backend::Etcd => {
-                if self.etcd.is_none() {
-                    let etcd = tokio::task::block_in_place(|| EtcdCluster::start(ENSEMBLE_SIZE))
-                        .context("starting an etcd cluster (apt-get install etcd-server)")?;
-                    self.etcd = Some(etcd);
-                }
-                self.revive(backend).await?;
-            }
-            Backend::Postgres => {
-                if self.postgres.is_none() {
-                    let pg = tokio::task::block_in_place(PostgresServer::start)
-                        .context("starting PostgreSQL (apt-get install postgresql)")?;
-                    self.postgres = Some(pg);
+            Backend::Fenced(i) => {
+                if !self.fenced.contains_key(&i) {
+                    let name = backend.name();
+                    let launcher = palisade_testkit::servers::launcher(name)
+                        .with_context(|| format!("no testkit launcher for {name}"))?;
+                    let launch = Launch {
+                        exe: self.exe.clone(),
+                        // A launcher of a backend with one server (PostgreSQL)
+                        // starts one.
+                        servers: ENSEMBLE_SIZE,
+                        certs: self.certs.as_ref().map(|d| d.path().to_owned()),
+                    };
+                    let servers = tokio::task::block_in_place(|| (launcher.start)(&launch))
+                        .with_context(|| {
+                            format!("starting {name} (apt-get install {})", launcher.package)
+                        })?;
+                    self.fenced.insert(i, servers);
                 }
                 self.revive(backend).await?;
             }
@@ -206,87 +174,33 @@ impl Env {
         })
     }
 
-    /// Waits until the Palisade cluster has a leader that answers.
-    pub async fn wait_for_leader(&self) -> Result<u64> {
-        let admin = Admin::new(&self.client_config(self.nodes.iter().map(|n| n.addr()))?)?;
-        let started = std::time::Instant::now();
-        loop {
-            if let Ok(status) = admin.status().await
-                && let Some(leader) = status.leader
-            {
-                return Ok(leader);
+    /// The servers of a correctness backend ([`Env::ensure`]d).
+    fn servers(&self, backend: Backend) -> Result<&dyn Servers> {
+        match backend {
+            Backend::Fenced(i) => self
+                .fenced
+                .get(&i)
+                .map(Box::as_ref)
+                .with_context(|| format!("{} is not started", backend.name())),
+            Backend::Redis | Backend::Redlock => {
+                bail!("{} is drilled through env.redis()", backend.name())
             }
-            if started.elapsed() > Duration::from_secs(60) {
-                bail!("the Palisade cluster has no leader after 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// Waits until every node answers, all agree on one leader and term, and every
-    /// node has applied what the leader had committed: a trial must start on a
-    /// healthy cluster, not on one still catching up from the previous trial's
-    /// faults (a lagging node cannot be elected, so a leader fault would then
-    /// leave the cluster without a leader, which is a different drill).
-    pub async fn wait_until_settled(&self) -> Result<()> {
-        let started = std::time::Instant::now();
-        let admins = self
-            .nodes
-            .iter()
-            .map(|n| Ok(Admin::new(&self.client_config([n.addr()])?)?))
-            .collect::<Result<Vec<_>>>()?;
-        let mut target = None;
-        loop {
-            let mut answers = Vec::new();
-            for a in &admins {
-                match tokio::time::timeout(Duration::from_secs(1), a.status()).await {
-                    Ok(Ok(s)) => answers.push(s),
-                    _ => break,
-                }
-            }
-            if answers.len() == admins.len() {
-                let first = &answers[0];
-                let agreed = first.leader.is_some()
-                    && answers
-                        .iter()
-                        .all(|s| s.leader == first.leader && s.term == first.term);
-                if agreed {
-                    let leader = answers.iter().find(|s| Some(s.id) == first.leader);
-                    let committed = leader.map_or(u64::MAX, |l| l.commit_index);
-                    let target = *target.get_or_insert(committed);
-                    if answers.iter().all(|s| s.last_applied >= target) {
-                        return Ok(());
-                    }
-                } else {
-                    target = None;
-                }
-            }
-            if started.elapsed() > Duration::from_secs(60) {
-                bail!("the Palisade cluster did not settle (one leader, all caught up) in 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    fn servers_mut(&mut self, backend: Backend) -> Option<&mut Box<dyn Servers>> {
+        match backend {
+            Backend::Fenced(i) => self.fenced.get_mut(&i),
+            Backend::Redis | Backend::Redlock => None,
         }
     }
 
-    /// A client configuration for the drill's cluster (with its client
-    /// certificate under `--tls`).
-    fn client_config(&self, addrs: impl IntoIterator<Item = String>) -> Result<ClientConfig> {
-        let mut config = ClientConfig::new(addrs);
-        if let Some(dir) = &self.certs {
-            let (ca, cert, key) = client_tls_files(dir.path());
-            config.tls = Some(TlsOptions::from_files(&ca, Some((&cert, &key)))?);
-        }
-        Ok(config)
-    }
-
-    /// How many servers `backend` runs in a drill.
-    pub fn server_count(backend: Backend) -> usize {
+    /// How many servers `backend` runs in this drill ([`Env::ensure`]d).
+    pub fn server_count(&self, backend: Backend) -> usize {
         match backend {
             Backend::Redis => 1,
             Backend::Redlock => REDIS_NODES,
-            Backend::Palisade => PALISADE_NODES as usize,
-            Backend::Zookeeper | Backend::Etcd => ENSEMBLE_SIZE,
-            Backend::Postgres => 1,
+            Backend::Fenced(_) => self.servers(backend).map_or(0, |s| s.len()),
         }
     }
 
@@ -298,44 +212,19 @@ impl Env {
                 .iter()
                 .map(|r| palisade_testkit::loopback(r.port()).to_string())
                 .collect(),
-            Backend::Palisade => self.nodes.iter().map(PalisadeNode::addr).collect(),
-            Backend::Zookeeper => self
-                .zookeeper
-                .as_ref()
-                .map_or_else(Vec::new, ZooKeeperEnsemble::endpoints),
-            Backend::Etcd => self
-                .etcd
-                .as_ref()
-                .map_or_else(Vec::new, EtcdCluster::endpoints),
-            Backend::Postgres => self
-                .postgres
-                .iter()
-                .map(|p| format!("{}:{}", p.host(), p.port()))
-                .collect(),
+            Backend::Fenced(_) => self
+                .servers(backend)
+                .map_or_else(|_| Vec::new(), |s| s.addrs()),
         }
     }
 
     /// The index (0-based) of the server of a correctness-lock backend that
-    /// leads (PostgreSQL's one server leads), waiting up to 60 s for one.
+    /// leads (a single server leads), waiting up to 60 s for one.
     pub async fn leader(&self, backend: Backend) -> Result<usize> {
+        let servers = self.servers(backend)?;
         let started = std::time::Instant::now();
         loop {
-            let found = match backend {
-                Backend::Palisade => {
-                    return Ok(usize::try_from(self.wait_for_leader().await? - 1)?);
-                }
-                Backend::Zookeeper => self
-                    .zookeeper
-                    .as_ref()
-                    .and_then(|zk| tokio::task::block_in_place(|| zk.leader())),
-                Backend::Etcd => self
-                    .etcd
-                    .as_ref()
-                    .and_then(|e| tokio::task::block_in_place(|| e.leader())),
-                Backend::Postgres => Some(0),
-                Backend::Redis | Backend::Redlock => bail!("{} has no leader", backend.name()),
-            };
-            if let Some(i) = found {
+            if let Some(i) = servers.leader().await {
                 return Ok(i);
             }
             if started.elapsed() > Duration::from_secs(60) {
@@ -345,114 +234,59 @@ impl Env {
         }
     }
 
-    /// `kill -9` of server `i` of a correctness-lock backend.
+    /// `kill -9` of server `i`.
     pub fn kill_server(&mut self, backend: Backend, i: usize) {
-        tokio::task::block_in_place(|| match backend {
-            Backend::Palisade => self.nodes[i].kill(),
-            Backend::Zookeeper => {
-                if let Some(zk) = &mut self.zookeeper {
-                    zk.kill(i);
-                }
-            }
-            Backend::Etcd => {
-                if let Some(e) = &mut self.etcd {
-                    e.kill(i);
-                }
-            }
-            Backend::Postgres => {
-                if let Some(pg) = &mut self.postgres {
-                    pg.kill9();
-                }
-            }
-            Backend::Redis | Backend::Redlock => self.redis[i].kill(),
+        tokio::task::block_in_place(|| match self.servers_mut(backend) {
+            Some(servers) => servers.kill(i),
+            None => self.redis[i].kill(),
         });
     }
 
     /// Starts server `i` again (same ports, same data) after [`Env::kill_server`].
     pub fn start_server(&mut self, backend: Backend, i: usize) -> Result<()> {
-        tokio::task::block_in_place(|| -> std::io::Result<()> {
-            match backend {
-                Backend::Palisade => self.nodes[i].start(),
-                Backend::Zookeeper => match &mut self.zookeeper {
-                    Some(zk) => zk.start_server(i),
-                    None => Ok(()),
-                },
-                Backend::Etcd => match &mut self.etcd {
-                    Some(e) => e.start_member(i),
-                    None => Ok(()),
-                },
-                Backend::Postgres => match &mut self.postgres {
-                    Some(pg) => pg.restart(),
-                    None => Ok(()),
-                },
-                Backend::Redis | Backend::Redlock => self.redis[i].restart(),
-            }
+        tokio::task::block_in_place(|| match self.servers_mut(backend) {
+            Some(servers) => servers.start(i),
+            None => self.redis[i].restart(),
         })?;
         Ok(())
     }
 
     /// The process id of server `i`, for pausing it (`None` when it is down, or
-    /// for PostgreSQL, whose sessions run in processes of their own: stopping the
-    /// postmaster would not stop them).
+    /// when stopping one process would not pause it: PostgreSQL's sessions run
+    /// in processes of their own).
     pub fn server_pid(&self, backend: Backend, i: usize) -> Option<u32> {
         match backend {
-            Backend::Palisade => self.nodes[i].pid(),
-            Backend::Zookeeper => self.zookeeper.as_ref().and_then(|zk| zk.pid(i)),
-            Backend::Etcd => self.etcd.as_ref().and_then(|e| e.members()[i].pid()),
-            Backend::Postgres => None,
             Backend::Redis | Backend::Redlock => self.redis[i].pid(),
+            Backend::Fenced(_) => self.servers(backend).ok()?.pid(i),
         }
     }
 
     /// Brings every server of `backend` back (restarts the killed, continues
-    /// the paused) and waits until it serves with a leader.
+    /// the paused) and waits until it is healthy: a trial must start on every
+    /// server answering with one leader, all caught up (an election still
+    /// running, or a node still catching up from the previous trial's
+    /// faults, would make a different drill).
     async fn revive(&mut self, backend: Backend) -> Result<()> {
-        for i in 0..Self::server_count(backend) {
-            let running = match backend {
-                Backend::Zookeeper => self.zookeeper.as_ref().is_some_and(|z| z.is_running(i)),
-                Backend::Etcd => self.etcd.as_ref().is_some_and(|e| e.is_running(i)),
-                Backend::Postgres => self
-                    .postgres
-                    .as_ref()
-                    .is_some_and(PostgresServer::is_running),
-                _ => true,
-            };
-            if !running {
+        for i in 0..self.servers(backend)?.len() {
+            if !self.servers(backend)?.is_running(i) {
                 self.start_server(backend, i)?;
             } else if let Some(pid) = self.server_pid(backend, i) {
                 // A server a trial paused must not stay paused.
                 let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
             }
         }
-        // A trial must start on a healthy ensemble: every server answering, one
-        // leader (an election still running would make a different drill).
+        let servers = self.servers(backend)?;
         let started = std::time::Instant::now();
-        loop {
-            let healthy = tokio::task::block_in_place(|| match backend {
-                Backend::Zookeeper => self.zookeeper.as_ref().is_some_and(|zk| {
-                    let modes: Vec<_> = (0..zk.len()).map(|i| zk.mode(i)).collect();
-                    modes.iter().all(Option::is_some)
-                        && modes
-                            .iter()
-                            .filter(|m| m.as_deref() == Some("leader"))
-                            .count()
-                            == 1
-                }),
-                Backend::Etcd => self.etcd.as_ref().is_some_and(|e| {
-                    let answers: Vec<_> = (0..ENSEMBLE_SIZE).map(|i| e.is_leader(i)).collect();
-                    answers.iter().all(Option::is_some)
-                        && answers.iter().filter(|a| **a == Some(true)).count() == 1
-                }),
-                _ => true,
-            });
-            if healthy {
-                return Ok(());
-            }
+        while !servers.healthy().await {
             if started.elapsed() > Duration::from_secs(60) {
-                bail!("{} did not become healthy in 60 s", backend.name());
+                bail!(
+                    "{} did not become healthy (one leader, all caught up) in 60 s",
+                    backend.name()
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Ok(())
     }
 
     /// The Redis servers (index 0 is "redis 1").
@@ -466,19 +300,15 @@ impl Env {
             let _ = s.child.kill().await;
         }
         if let Some(dir) = std::env::var_os("PALISADE_CHAOS_WORKER_LOGS") {
-            for node in &self.nodes {
-                let path = Path::new(&dir).join(format!("node-{}.log", node.id()));
-                let _ = std::fs::write(path, node.log());
+            for servers in self.fenced.values() {
+                for (file, log) in servers.logs() {
+                    let _ = std::fs::write(Path::new(&dir).join(file), log);
+                }
             }
         }
-        self.nodes.clear();
         self.redis.clear();
-        let (zk, etcd, pg) = (
-            self.zookeeper.take(),
-            self.etcd.take(),
-            self.postgres.take(),
-        );
-        tokio::task::block_in_place(move || drop((zk, etcd, pg)));
+        let fenced = std::mem::take(&mut self.fenced);
+        tokio::task::block_in_place(move || drop(fenced));
     }
 }
 
@@ -509,8 +339,14 @@ pub struct Trial {
     redis_urls: Vec<SocketAddr>,
     /// The lock servers' client addresses, direct (not proxied).
     servers: Vec<String>,
-    /// PostgreSQL: the user in the backend URL.
-    pg_user: Option<String>,
+    /// A correctness backend's URL over (proxied) addresses.
+    url_for: Option<UrlFor>,
+    /// Whether a worker maps the servers' advertised addresses to its
+    /// proxies.
+    maps_addresses: bool,
+    /// Whether, under `--tls`, a worker authenticates to the servers by
+    /// certificate.
+    client_certificate: bool,
     certs: Option<PathBuf>,
 }
 
@@ -567,7 +403,13 @@ impl Trial {
                 .map(|r| palisade_testkit::loopback(r.port()))
                 .collect(),
             servers: env.server_addrs(backend),
-            pg_user: env.postgres.as_ref().map(|p| p.user().to_owned()),
+            url_for: env.servers(backend).ok().map(Servers::url_for),
+            maps_addresses: env
+                .servers(backend)
+                .is_ok_and(Servers::advertises_addresses),
+            client_certificate: env
+                .servers(backend)
+                .is_ok_and(Servers::takes_client_certificate),
             certs: env.certs.as_ref().map(|d| d.path().to_owned()),
         })
     }
@@ -609,28 +451,18 @@ impl Trial {
                     proxies.push(p);
                 }
             }
-            _ => {
+            Backend::Fenced(_) => {
                 for addr in &self.servers {
                     let p = FaultProxy::start(addr.parse()?).await?;
                     servers.push(p.addr().to_string());
-                    if self.backend == Backend::Palisade {
+                    if self.maps_addresses {
                         address_map.push(format!("{addr}={}", p.addr()));
                     }
                     proxies.push(p);
                 }
             }
         }
-        let url = match self.backend {
-            Backend::Redis | Backend::Redlock => None,
-            Backend::Palisade => Some(format!("palisade://{}", servers.join(","))),
-            Backend::Zookeeper => Some(format!("zk://{}", servers.join(","))),
-            Backend::Etcd => Some(format!("etcd://{}", servers.join(","))),
-            Backend::Postgres => Some(format!(
-                "postgres://{}@{}/postgres",
-                self.pg_user.as_deref().unwrap_or("postgres"),
-                servers.join(",")
-            )),
-        };
+        let url = self.url_for.as_ref().map(|url_for| url_for(&servers));
         let store_proxy = FaultProxy::start(self.store).await?;
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.arg("chaos-worker")
@@ -648,7 +480,7 @@ impl Trial {
         if let Some(dir) = &self.certs {
             let (ca, cert, key) = client_tls_files(dir);
             cmd.arg("--ca").arg(ca);
-            if self.backend == Backend::Palisade {
+            if self.client_certificate {
                 cmd.arg("--cert").arg(cert).arg("--key").arg(key);
             }
         }
@@ -964,26 +796,4 @@ fn process_state(stat: &Path) -> Option<char> {
     // The command name is in parentheses and may contain spaces; the state follows.
     let after = &text[text.rfind(')')? + 1..];
     after.trim_start().chars().next()
-}
-
-/// `serve`'s TLS flags for node `id`, certificates from `palisade certs init DIR`.
-fn node_tls_args(dir: &Path, id: u64) -> Vec<String> {
-    let file = |name: String| dir.join(name).to_string_lossy().into_owned();
-    vec![
-        "--tls-cert".into(),
-        file(format!("node-{id}.pem")),
-        "--tls-key".into(),
-        file(format!("node-{id}-key.pem")),
-        "--tls-ca".into(),
-        file("ca.pem".into()),
-    ]
-}
-
-/// The CA, certificate and key of the drill's client.
-fn client_tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    (
-        dir.join("ca.pem"),
-        dir.join("client-drill.pem"),
-        dir.join("client-drill-key.pem"),
-    )
 }

@@ -4,8 +4,9 @@
 //! etcd cluster, a PostgreSQL server, the fenced object store, and one process
 //! per client, with a fault proxy on every client-server link. Workers take
 //! correctness locks only through the backend registry and the `FencedLocks`
-//! trait, so a new backend drills like the others once [`worker::Backend`] says
-//! which servers to start for it.
+//! trait, and the harness starts, kills, pauses and restarts servers only
+//! through the testkit's `Servers`: a backend in the registry with a testkit
+//! launcher drills like the others.
 //!
 //! Every trial records a history (client events on `CLOCK_MONOTONIC`, the store's
 //! own journal of the writes it decided on, the faults injected), which
@@ -119,7 +120,7 @@ fn plan(a: &ChaosArgs) -> Result<Vec<Cell>, String> {
             continue;
         }
         for &variant in s.variants {
-            for &backend in s.backends {
+            for backend in s.backends() {
                 if !a.backend.is_empty() && !a.backend.contains(&backend) {
                     continue;
                 }
@@ -142,7 +143,12 @@ fn plan(a: &ChaosArgs) -> Result<Vec<Cell>, String> {
         }
     }
     if cells.is_empty() {
-        return Err("nothing to run: no scenario applies to the chosen backends and fencing (fencing on needs a backend with tokens: palisade, zookeeper, etcd, postgres)".into());
+        let with_tokens: Vec<_> = Backend::fenced().iter().map(|b| b.name()).collect();
+        return Err(format!(
+            "nothing to run: no scenario applies to the chosen backends and fencing \
+             (fencing on needs a backend with tokens: {})",
+            with_tokens.join(", ")
+        ));
     }
     Ok(cells)
 }
@@ -173,11 +179,15 @@ fn file_stem(c: &Cell) -> String {
 pub async fn run(a: ChaosArgs) -> Result<i32> {
     if a.list {
         for s in SCENARIOS {
-            let backends: Vec<_> = s.backends.iter().map(|b| b.name()).collect();
+            let backends: Vec<_> = s.backends().iter().map(|b| b.name()).collect();
             let exceptions: Vec<_> = s
-                .not_on
-                .iter()
-                .map(|(b, v)| format!("{v} not on {}", b.name()))
+                .backends()
+                .into_iter()
+                .flat_map(|b| {
+                    s.exceptions(b)
+                        .into_iter()
+                        .map(move |v| format!("{v} not on {}", b.name()))
+                })
                 .collect();
             let variants = s.variants.join(", ");
             println!(

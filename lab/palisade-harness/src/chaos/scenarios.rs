@@ -49,9 +49,10 @@ pub struct Scenario {
     /// Its variants (`[""]` when it has none).
     pub variants: &'static [&'static str],
     /// The backends it applies to.
-    pub backends: &'static [Backend],
-    /// Variants that do not apply to a backend.
-    pub not_on: &'static [(Backend, &'static str)],
+    pub backends: Applies,
+    /// Variants that pause a server (`SIGSTOP`): not on a backend whose
+    /// launcher cannot pause one.
+    pub pausing: &'static [&'static str],
     /// The lease its clients take: long enough for the harness to stage the
     /// fault while it runs, short enough to keep trials quick.
     pub ttl: Duration,
@@ -59,14 +60,56 @@ pub struct Scenario {
     pub about: &'static str,
 }
 
+/// Which backends a scenario applies to.
+#[derive(Clone, Copy, Debug)]
+pub enum Applies {
+    /// Every one, efficiency locks too.
+    All,
+    /// The correctness-lock backends (tokens, leaders).
+    Fenced,
+    /// These, by name (a scenario about one backend's own algorithm or
+    /// recipe).
+    Only(&'static [&'static str]),
+}
+
 impl Scenario {
+    /// The backends it applies to, in report order.
+    pub fn backends(&self) -> Vec<Backend> {
+        match self.backends {
+            Applies::All => Backend::all().to_vec(),
+            Applies::Fenced => Backend::fenced().to_vec(),
+            Applies::Only(names) => Backend::all()
+                .iter()
+                .copied()
+                .filter(|b| names.contains(&b.name()))
+                .collect(),
+        }
+    }
+
     /// Whether `variant` of this scenario runs on `backend`.
     pub fn applies(&self, variant: &str, backend: Backend) -> bool {
-        self.backends.contains(&backend)
-            && !self
-                .not_on
-                .iter()
-                .any(|&(b, v)| b == backend && v == variant)
+        let pauses = self.pausing.contains(&variant);
+        self.backends().contains(&backend) && (can_pause(backend) || !pauses)
+    }
+
+    /// The variants that do not run on `backend` although the scenario does.
+    pub fn exceptions(&self, backend: Backend) -> Vec<&'static str> {
+        self.variants
+            .iter()
+            .copied()
+            .filter(|v| !self.applies(v, backend))
+            .collect()
+    }
+}
+
+/// Whether a server of `backend` can be paused (Redis can; a correctness
+/// backend as its testkit launcher says).
+fn can_pause(backend: Backend) -> bool {
+    match backend {
+        Backend::Redis | Backend::Redlock => true,
+        Backend::Fenced(_) => {
+            palisade_testkit::servers::launcher(backend.name()).is_some_and(|l| l.pausable)
+        }
     }
 }
 
@@ -79,32 +122,14 @@ const FAILOVER: &str = "failover";
 const ELECTION: &str = "election";
 const PERMIT: &str = "permit";
 
-/// Every backend.
-const ALL: &[Backend] = &[
-    Backend::Redis,
-    Backend::Redlock,
-    Backend::Palisade,
-    Backend::Zookeeper,
-    Backend::Etcd,
-    Backend::Postgres,
-];
-
-/// The correctness-lock backends (tokens, leaders).
-const FENCED: &[Backend] = &[
-    Backend::Palisade,
-    Backend::Zookeeper,
-    Backend::Etcd,
-    Backend::Postgres,
-];
-
 /// Every scenario, in report order.
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         drill: Drill::HolderPause,
         name: "holder-pause",
         variants: &[""],
-        backends: ALL,
-        not_on: &[],
+        backends: Applies::All,
+        pausing: &[],
         ttl: Duration::from_secs(1),
         about: "the holder stops (SIGSTOP) after its lease check, past its lease; another client acquires and writes; the first resumes and writes",
     },
@@ -112,8 +137,8 @@ pub const SCENARIOS: &[Scenario] = &[
         drill: Drill::DelayedWrite,
         name: "delayed-write",
         variants: &[""],
-        backends: ALL,
-        not_on: &[],
+        backends: Applies::All,
+        pausing: &[],
         ttl: Duration::from_secs(1),
         about: "the holder's write is held by the network past its lease; another client acquires and writes; then the held write arrives",
     },
@@ -121,8 +146,8 @@ pub const SCENARIOS: &[Scenario] = &[
         drill: Drill::RedlockClockJump,
         name: "redlock-clock-jump",
         variants: &[JUMP, "no-jump"],
-        backends: &[Backend::Redlock],
-        not_on: &[],
+        backends: Applies::Only(&["redlock"]),
+        pausing: &[],
         ttl: Duration::from_secs(3),
         about: "client 1 gets redis 1-3 (4, 5 cut off); redis 3's clock jumps past the TTL; client 2 (cut off from 1, 2) asks redis 3-5",
     },
@@ -130,8 +155,8 @@ pub const SCENARIOS: &[Scenario] = &[
         drill: Drill::RedlockPauseDuringAcquire,
         name: "redlock-pause-during-acquire",
         variants: &[""],
-        backends: &[Backend::Redlock],
-        not_on: &[],
+        backends: Applies::Only(&["redlock"]),
+        pausing: &[],
         ttl: Duration::from_secs(2),
         about: "client 1 stops after its SETs reached the nodes and before it reads the replies, past the TTL",
     },
@@ -139,8 +164,8 @@ pub const SCENARIOS: &[Scenario] = &[
         drill: Drill::RedisCrashRestart,
         name: "redis-crash-restart",
         variants: &["no-uptime-rule", UPTIME_RULE],
-        backends: &[Backend::Redis, Backend::Redlock],
-        not_on: &[],
+        backends: Applies::Only(&["redis", "redlock"]),
+        pausing: &[],
         ttl: Duration::from_secs(3),
         about: "a node that granted client 1 is killed and restarted without persistence; client 2 asks it (with or without the delayed-restart rule)",
     },
@@ -148,8 +173,8 @@ pub const SCENARIOS: &[Scenario] = &[
         drill: Drill::RedlockReplicaFailover,
         name: "redlock-replica-failover",
         variants: &[FAILOVER, "independent"],
-        backends: &[Backend::Redlock],
-        not_on: &[],
+        backends: Applies::Only(&["redlock"]),
+        pausing: &[],
         // Only the staging (a kill, a promotion) lies between the two grants;
         // a long lease keeps a loaded machine from ending client 1's first.
         ttl: Duration::from_secs(5),
@@ -159,10 +184,11 @@ pub const SCENARIOS: &[Scenario] = &[
         drill: Drill::LeaderFailure,
         name: "leader-failure",
         variants: &[KILL, PAUSE],
-        backends: FENCED,
-        // PostgreSQL's sessions run in processes of their own: stopping the
-        // postmaster would not pause the server. Its failure is the kill.
-        not_on: &[(Backend::Postgres, PAUSE)],
+        backends: Applies::Fenced,
+        // Not where stopping one process would not pause the server
+        // (PostgreSQL's sessions run in processes of their own; its failure
+        // is the kill).
+        pausing: &[PAUSE],
         // The holder's session must outlive a failover (Palisade: election
         // timeout up to 1.2 s, plus the followers' leader lease of 1.2 s, plus
         // the client's retries; ZooKeeper and etcd elect in about as long), or
@@ -174,8 +200,8 @@ pub const SCENARIOS: &[Scenario] = &[
         drill: Drill::Mixed,
         name: "mixed",
         variants: &[""],
-        backends: ALL,
-        not_on: &[],
+        backends: Applies::All,
+        pausing: &[],
         ttl: Duration::from_secs(1),
         about: "three clients increment a lock-protected counter while random pauses, partitions, delays, kills and clock jumps hit them",
     },
@@ -184,8 +210,8 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "leader-pause",
         variants: &[ELECTION, PERMIT],
         // The recipes are the Palisade server's (docs/recipes.md).
-        backends: &[Backend::Palisade],
-        not_on: &[],
+        backends: Applies::Only(&["palisade"]),
+        pausing: &[],
         ttl: Duration::from_secs(1),
         about: "the elected leader (election), or the holder of a semaphore's permit while a third client holds the other (permit), stops (SIGSTOP) after its lease check, past its lease; the next candidate is elected, or granted the freed slot, and writes; the first resumes and writes with its old token",
     },
@@ -740,7 +766,7 @@ async fn leader_failure(env: &mut Env, t: &mut Trial) -> Result<()> {
     w2.start_acquire(&t.lock, Duration::from_secs(30)).await?;
     w3.start_acquire(&t.lock, Duration::from_secs(30)).await?;
     let index = env.leader(backend).await?;
-    let single = Env::server_count(backend) == 1;
+    let single = env.server_count(backend) == 1;
     let who = if single {
         "the server".to_owned()
     } else {
@@ -941,7 +967,7 @@ async fn server_fault(
             }
         }
         _ => {
-            let i = rng.random_range(0..Env::server_count(backend));
+            let i = rng.random_range(0..env.server_count(backend));
             let id = i + 1;
             let hold = Duration::from_millis(rng.random_range(500..2500));
             let pid = env.server_pid(backend, i);

@@ -32,41 +32,77 @@ use crate::backends::{self, BackendUrl, SessionSpec};
 
 /// The lock services a drill can test: which servers the drill starts. A
 /// worker reaches a correctness lock only through the backend registry
-/// ([`crate::backends`]) and the [`FencedLocks`] trait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// ([`crate::backends`]) and the [`FencedLocks`] trait; the drill starts and
+/// breaks its servers only through its testkit launcher
+/// ([`palisade_testkit::servers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Backend {
     /// One Redis instance (`SET NX PX`): an efficiency lock, no token.
     Redis,
     /// Redlock over five Redis instances: an efficiency lock, no token.
     Redlock,
-    /// Palisade's Raft-replicated lock server, 3 nodes: every grant has a
-    /// fencing token.
-    Palisade,
-    /// ZooKeeper, a 3-server ensemble (Curator's mutex recipe; token = czxid).
-    Zookeeper,
-    /// etcd, a 3-member cluster (lease + lock keys; token = create revision).
-    Etcd,
-    /// PostgreSQL, one server (a row per hold; token from a sequence).
-    Postgres,
+    /// A correctness backend of the registry (by its place in it): every
+    /// grant has a fencing token.
+    Fenced(usize),
 }
 
+/// Every backend, in report order: the efficiency locks, then the registry's.
+static ALL: std::sync::LazyLock<Vec<Backend>> = std::sync::LazyLock::new(|| {
+    [Backend::Redis, Backend::Redlock]
+        .into_iter()
+        .chain((0..backends::REGISTRY.len()).map(Backend::Fenced))
+        .collect()
+});
+
 impl Backend {
+    /// Every backend, in report order.
+    pub fn all() -> &'static [Backend] {
+        &ALL
+    }
+
+    /// The correctness-lock backends (tokens, leaders).
+    pub fn fenced() -> &'static [Backend] {
+        &ALL[2..]
+    }
+
+    /// The Palisade server.
+    pub fn palisade() -> Backend {
+        Self::by_name(palisade_client::DESCRIPTOR.name).expect("registered")
+    }
+
+    /// The backend called `name` (`redis`, `zookeeper`, …).
+    pub fn by_name(name: &str) -> Option<Backend> {
+        ALL.iter().copied().find(|b| b.name() == name)
+    }
+
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Redis => "redis",
             Backend::Redlock => "redlock",
-            Backend::Palisade => "palisade",
-            Backend::Zookeeper => "zookeeper",
-            Backend::Etcd => "etcd",
-            Backend::Postgres => "postgres",
+            Backend::Fenced(i) => backends::REGISTRY[i].name,
         }
     }
 
     /// Whether grants carry a fencing token the store can check.
     pub fn has_tokens(self) -> bool {
-        !matches!(self, Backend::Redis | Backend::Redlock)
+        matches!(self, Backend::Fenced(_))
+    }
+}
+
+impl ValueEnum for Backend {
+    fn value_variants<'a>() -> &'a [Self] {
+        &ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
+}
+
+impl Serialize for Backend {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
@@ -312,7 +348,7 @@ pub async fn run(a: WorkerArgs) -> Result<i32> {
             };
             Locker::Redis(Redlock::new(&a.servers, config)?)
         }
-        _ => {
+        Backend::Fenced(_) => {
             let url: BackendUrl = a
                 .url
                 .as_deref()
