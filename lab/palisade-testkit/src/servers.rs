@@ -101,28 +101,34 @@ pub struct Launcher {
     pub package: &'static str,
     /// Whether stopping one process (`SIGSTOP`) pauses one server.
     pub pausable: bool,
+    /// What `palisade bench lock` measures of it by default: how many
+    /// servers, and what its URL adds.
+    pub bench: &'static [(usize, &'static str)],
     /// Starts them.
     pub start: fn(&Launch) -> std::io::Result<Box<dyn Servers>>,
 }
 
-/// One launcher per correctness backend.
+/// One launcher per correctness backend, in report order.
 pub static LAUNCHERS: &[Launcher] = &[
     Launcher {
         backend: "palisade",
         package: "the palisade binary",
         pausable: true,
+        bench: &[(1, ""), (3, "")],
         start: |l| Ok(Box::new(PalisadeCluster::start(l)?)),
     },
     Launcher {
         backend: "zookeeper",
         package: "zookeeper",
         pausable: true,
+        bench: &[(1, ""), (3, "")],
         start: |l| Ok(Box::new(ZooKeeperEnsemble::start(l.servers)?)),
     },
     Launcher {
         backend: "etcd",
         package: "etcd-server",
         pausable: true,
+        bench: &[(3, "")],
         start: |l| Ok(Box::new(EtcdCluster::start(l.servers)?)),
     },
     Launcher {
@@ -131,6 +137,9 @@ pub static LAUNCHERS: &[Launcher] = &[
         // Its sessions run in processes of their own: stopping the
         // postmaster would not pause the server.
         pausable: false,
+        // Waiters woken by `NOTIFY`, and polling only, as behind a pooler
+        // that cannot `LISTEN`.
+        bench: &[(1, ""), (1, "?palisade_wait=poll")],
         start: |_| Ok(Box::new(PostgresServer::start()?)),
     },
 ];

@@ -90,18 +90,14 @@ struct Setup {
     _servers: Option<Box<dyn Servers>>,
 }
 
-/// What the default run starts, in report order: the backend, how many
-/// servers, and what the URL adds (PostgreSQL is measured with waiters woken
-/// by `NOTIFY`, and polling only, as behind a pooler that cannot `LISTEN`).
-const DEFAULT_SETUPS: &[(&str, usize, &str)] = &[
-    ("palisade", 1, ""),
-    ("palisade", 3, ""),
-    ("zookeeper", 1, ""),
-    ("zookeeper", 3, ""),
-    ("etcd", 3, ""),
-    ("postgres", 1, ""),
-    ("postgres", 1, "?palisade_wait=poll"),
-];
+/// What the default run starts, in report order: each backend's launcher's
+/// bench setups (the backend, how many servers, what the URL adds).
+fn default_setups() -> Vec<(&'static str, usize, &'static str)> {
+    palisade_testkit::servers::LAUNCHERS
+        .iter()
+        .flat_map(|l| l.bench.iter().map(|&(n, suffix)| (l.backend, n, suffix)))
+        .collect()
+}
 
 fn start(exe: &std::path::Path, backend: &str, n: usize, suffix: &str) -> Result<Setup> {
     let launcher = palisade_testkit::servers::launcher(backend)
@@ -142,8 +138,9 @@ pub async fn run(a: LockBenchArgs) -> Result<i32> {
         }
     };
     let exe = std::env::current_exe().context("locating the palisade binary")?;
+    let defaults = default_setups();
     let count = if given.is_empty() {
-        DEFAULT_SETUPS.len()
+        defaults.len()
     } else {
         given.len()
     };
@@ -160,7 +157,7 @@ pub async fn run(a: LockBenchArgs) -> Result<i32> {
         // Started one at a time and stopped before the next: on 2 cores, one
         // backend's idle servers would otherwise tax the next one's numbers.
         let setup = if given.is_empty() {
-            let (backend, n, suffix) = DEFAULT_SETUPS[i];
+            let (backend, n, suffix) = defaults[i];
             bar.set_message(format!("starting {backend} ×{n}"));
             tokio::task::block_in_place(|| start(&exe, backend, n, suffix))?
         } else {

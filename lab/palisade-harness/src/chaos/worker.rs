@@ -653,3 +653,43 @@ async fn increment(
         s => bail!("store answered {s} to a write: {}", reply.body),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend in the registry without a launcher could not be drilled
+    /// or benchmarked; a launcher without a backend would start servers
+    /// nothing can lock on.
+    #[test]
+    fn every_registered_backend_has_a_launcher_and_no_launcher_is_stray() {
+        for d in backends::REGISTRY {
+            assert!(
+                palisade_testkit::servers::launcher(d.name).is_some(),
+                "{} has no testkit launcher",
+                d.name
+            );
+        }
+        for l in palisade_testkit::servers::LAUNCHERS {
+            assert!(
+                backends::by_name(l.backend).is_some(),
+                "launcher {} names no registered backend",
+                l.backend
+            );
+        }
+        let names: Vec<_> = Backend::all().iter().map(|b| b.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "redis",
+                "redlock",
+                "palisade",
+                "zookeeper",
+                "etcd",
+                "postgres"
+            ]
+        );
+        assert_eq!(Backend::palisade().name(), "palisade");
+        assert_eq!(Backend::by_name("zookeeper"), Some(Backend::Fenced(1)));
+    }
+}
