@@ -172,6 +172,10 @@ pub async fn run_until(
 /// [`run_until`] on `io`: its disk, network and way of running blocking work
 /// (the operating system's in production, a simulator's in `palisade sim`).
 ///
+/// In phases: check what can be refused before the data directory is touched
+/// (the membership, TLS, the policy), bind the listeners, open the storage,
+/// start Raft (and bootstrap a fresh cluster), build the API, serve.
+///
 /// # Errors
 /// See [`ServerError`].
 pub async fn run_on(
@@ -180,6 +184,37 @@ pub async fn run_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
     serving: impl FnOnce() + Send,
 ) -> Result<(), ServerError> {
+    let initial = initial_membership(&config)?;
+    // Everything that can be refused is checked before the data directory is
+    // touched: a node that cannot serve must not initialize a fresh cluster.
+    let tls = config
+        .security
+        .tls
+        .as_ref()
+        .map(Tls::load)
+        .transpose()
+        .map_err(ServerError::Security)?;
+    let counters = Arc::new(Counters::default());
+    let gatekeeper = Arc::new(
+        Gatekeeper::new(&config.security, counters.clone()).map_err(ServerError::Security)?,
+    );
+    let listeners = Listeners::bind(&config, &io).await?;
+    let storage = Storage::open(&config, &io)?;
+    let node = Started::raft(&config, &io, storage, tls.as_ref(), &counters).await?;
+    bootstrap(&node.raft, &config, initial).await?;
+    let serve = Serve {
+        config,
+        io,
+        tls,
+        counters,
+        gatekeeper,
+    };
+    serve.run(listeners, node, shutdown, serving).await
+}
+
+/// The membership a fresh data directory is bootstrapped with: the configured
+/// cluster, or just this node; refused when this node is not in it.
+fn initial_membership(config: &ServerConfig) -> Result<BTreeMap<NodeId, NodeAddr>, ServerError> {
     if config.id == 0 {
         return Err(ServerError::Config("node ids start at 1".into()));
     }
@@ -197,280 +232,422 @@ pub async fn run_on(
             initial.keys().collect::<Vec<_>>()
         )));
     }
-    // Everything that can be refused is checked before the data directory is
-    // touched: a node that cannot serve must not initialize a fresh cluster.
-    let tls = config
-        .security
-        .tls
-        .as_ref()
-        .map(Tls::load)
-        .transpose()
-        .map_err(ServerError::Security)?;
-    let counters = Arc::new(Counters::default());
-    let gatekeeper = Arc::new(
-        Gatekeeper::new(&config.security, counters.clone()).map_err(ServerError::Security)?,
-    );
-    // SO_REUSEADDR, as tokio's own `bind` sets it: a node restarted at once
-    // after a crash must get its ports back despite connections in TIME_WAIT.
-    let bind = |addr: SocketAddr| {
-        let socket = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()
-        } else {
-            tokio::net::TcpSocket::new_v6()
+    Ok(initial)
+}
+
+/// Binds `addr` with SO_REUSEADDR, as tokio's own `bind` sets it: a node
+/// restarted at once after a crash must get its ports back despite
+/// connections in TIME_WAIT.
+fn bind_reusing(addr: SocketAddr) -> Result<tokio::net::TcpListener, ServerError> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    };
+    socket
+        .and_then(|s| s.set_reuseaddr(true).map(|()| s))
+        .and_then(|s| s.bind(addr).map(|()| s))
+        .and_then(|s| s.listen(1024))
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// A node's listeners, bound before its data directory is touched.
+struct Listeners {
+    client: Accepting,
+    peer: Accepting,
+    /// The operators' HTTP listener (`/metrics`, the status page).
+    http: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    async fn bind(config: &ServerConfig, io: &Io) -> Result<Self, ServerError> {
+        let listen = async |addr: SocketAddr| match &io.net {
+            None => bind_reusing(addr).map(Accepting::Tcp),
+            Some(net) => net
+                .bind(addr)
+                .await
+                .map(Accepting::Net)
+                .map_err(|source| ServerError::Bind { addr, source }),
         };
-        socket
-            .and_then(|s| s.set_reuseaddr(true).map(|()| s))
-            .and_then(|s| s.bind(addr).map(|()| s))
-            .and_then(|s| s.listen(1024))
-            .map_err(|source| ServerError::Bind { addr, source })
-    };
-    let listen = async |addr: SocketAddr| match &io.net {
-        None => bind(addr).map(Accepting::Tcp),
-        Some(net) => net
-            .bind(addr)
-            .await
-            .map(Accepting::Net)
-            .map_err(|source| ServerError::Bind { addr, source }),
-    };
-    let client_listener = listen(config.listen).await?;
-    let peer_listener = listen(config.listen_peer).await?;
-    // The operators' HTTP listener is the operating system's only.
-    let http_listener = match io.net {
-        None => config.metrics_listen.map(bind).transpose()?,
-        Some(_) => None,
-    };
-    // Held until the node stops: a second process on this directory is refused
-    // here, before anything in it is read or written.
-    let _dir_lock = crate::store::dir_lock::DirLock::acquire_on(&config.data_dir, &io)?;
-    check_identity(&config, &io)?;
-    let dir_err = |e: std::io::Error| ServerError::DataDir {
-        dir: config.data_dir.clone(),
-        why: e.to_string(),
-    };
-    let commit_clock = Arc::new(crate::commit_clock::CommitClock::default());
-    // The state machine first: the log is made to agree with its snapshot.
-    let sm = StateMachineStore::open_on(&config.data_dir, &io)
-        .map_err(dir_err)?
-        .with_commit_clock(commit_clock.clone());
-    let shared = sm.shared();
-    let applied = *shared.last_applied.read().expect("poisoned");
-    let log = LogStore::open_beside(&config.data_dir, &io, applied)
-        .map_err(dir_err)?
-        .with_commit_clock(commit_clock.clone());
-    let node_metrics = crate::metrics::NodeMetrics::new(
-        &sm.counters(),
-        commit_clock.histogram(),
-        log.fsync_histogram(),
-        &counters,
-    );
-    let raft_config = Config {
-        cluster_name: "palisade".into(),
-        heartbeat_interval: 100,
-        election_timeout_min: 600,
-        election_timeout_max: 1200,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
-        max_in_snapshot_log_to_keep: 100,
-        // Covers sending the whole snapshot in one call and the follower
-        // installing it (about 2 s for a million locks); openraft's 200 ms
-        // would make a large install time out and start over, forever.
-        install_snapshot_timeout: 60_000,
-        ..Config::default()
+        Ok(Listeners {
+            client: listen(config.listen).await?,
+            peer: listen(config.listen_peer).await?,
+            // The operators' HTTP listener is the operating system's only.
+            http: match io.net {
+                None => config.metrics_listen.map(bind_reusing).transpose()?,
+                Some(_) => None,
+            },
+        })
     }
-    .validate()
-    .map_err(|e| ServerError::Config(e.to_string()))?;
-    let committed_log = log.clone();
-    let last_log = log.clone();
-    let committed: Arc<dyn Fn() -> u64 + Send + Sync> =
-        Arc::new(move || committed_log.committed_index());
-    // Any entry in the log at startup may have been acknowledged before a crash
-    // (see `Api::linearize`).
-    let read_floor = (log.vote_term(), log.last_index());
-    let peer_tls = tls.as_ref().map(Tls::to_peers);
-    let peers = PeerFactory {
-        tls: peer_tls.clone(),
-        io: io.clone(),
-        source: config.id,
-    };
-    let raft = Raft::new(config.id, Arc::new(raft_config), peers, log, sm)
-        .await
-        .map_err(|e| ServerError::Raft(e.to_string()))?;
+}
+
+/// The data directory, opened: held locked until the node stops.
+struct Storage {
+    dir_lock: crate::store::dir_lock::DirLock,
+    sm: StateMachineStore,
+    log: LogStore,
+    commit_clock: Arc<crate::commit_clock::CommitClock>,
+}
+
+impl Storage {
+    fn open(config: &ServerConfig, io: &Io) -> Result<Self, ServerError> {
+        // A second process on this directory is refused here, before anything
+        // in it is read or written.
+        let dir_lock = crate::store::dir_lock::DirLock::acquire_on(&config.data_dir, io)?;
+        check_identity(config, io)?;
+        let dir_err = |e: std::io::Error| ServerError::DataDir {
+            dir: config.data_dir.clone(),
+            why: e.to_string(),
+        };
+        let commit_clock = Arc::new(crate::commit_clock::CommitClock::default());
+        // The state machine first: the log is made to agree with its snapshot.
+        let sm = StateMachineStore::open_on(&config.data_dir, io)
+            .map_err(dir_err)?
+            .with_commit_clock(commit_clock.clone());
+        let applied = *sm.shared().last_applied.read().expect("poisoned");
+        let log = LogStore::open_beside(&config.data_dir, io, applied)
+            .map_err(dir_err)?
+            .with_commit_clock(commit_clock.clone());
+        Ok(Storage {
+            dir_lock,
+            sm,
+            log,
+            commit_clock,
+        })
+    }
+}
+
+/// Raft started on the storage, with what the API and the operators' pages
+/// read beside it.
+struct Started {
+    raft: Raft,
+    shared: Arc<crate::store::sm::Shared>,
+    /// The log's committed index.
+    committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// The log's last index.
+    last_log: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// Any entry in the log at startup may have been acknowledged before a
+    /// crash (see `Api::linearize`).
+    read_floor: (u64, u64),
+    commit_clock: Arc<crate::commit_clock::CommitClock>,
+    node_metrics: crate::metrics::NodeMetrics,
+    _dir_lock: crate::store::dir_lock::DirLock,
+}
+
+impl Started {
+    async fn raft(
+        config: &ServerConfig,
+        io: &Io,
+        storage: Storage,
+        tls: Option<&Tls>,
+        counters: &Arc<Counters>,
+    ) -> Result<Self, ServerError> {
+        let Storage {
+            dir_lock,
+            sm,
+            log,
+            commit_clock,
+        } = storage;
+        let node_metrics = crate::metrics::NodeMetrics::new(
+            &sm.counters(),
+            commit_clock.histogram(),
+            log.fsync_histogram(),
+            counters,
+        );
+        let raft_config = Config {
+            cluster_name: "palisade".into(),
+            heartbeat_interval: 100,
+            election_timeout_min: 600,
+            election_timeout_max: 1200,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+            max_in_snapshot_log_to_keep: 100,
+            // Covers sending the whole snapshot in one call and the follower
+            // installing it (about 2 s for a million locks); openraft's 200 ms
+            // would make a large install time out and start over, forever.
+            install_snapshot_timeout: 60_000,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+        let (committed_log, last_log) = (log.clone(), log.clone());
+        let read_floor = (log.vote_term(), log.last_index());
+        let shared = sm.shared();
+        let peers = PeerFactory {
+            tls: tls.map(Tls::to_peers),
+            io: io.clone(),
+            source: config.id,
+        };
+        let raft = Raft::new(config.id, Arc::new(raft_config), peers, log, sm)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        Ok(Started {
+            raft,
+            shared,
+            committed: Arc::new(move || committed_log.committed_index()),
+            last_log: Arc::new(move || last_log.last_index()),
+            read_floor,
+            commit_clock,
+            node_metrics,
+            _dir_lock: dir_lock,
+        })
+    }
+}
+
+/// Initializes a fresh node of a static cluster with `initial`.
+///
+/// Every node of a static cluster may initialize with the same membership
+/// (the first entry is identical everywhere), but each initialization starts
+/// an election at once, and rival first-term candidates make the first leader
+/// step down again. So the lowest id starts at once and the others only if no
+/// leader has reached them within BOOTSTRAP_GRACE — the cluster still forms
+/// while its lowest id is down.
+async fn bootstrap(
+    raft: &Raft,
+    config: &ServerConfig,
+    initial: BTreeMap<NodeId, NodeAddr>,
+) -> Result<(), ServerError> {
     let initialized = raft
         .is_initialized()
         .await
         .map_err(|e| ServerError::Raft(e.to_string()))?;
-    if !initialized && !config.join {
-        // Every node of a static cluster may initialize with the same membership
-        // (the first entry is identical everywhere), but each initialization
-        // starts an election at once, and rival first-term candidates make the
-        // first leader step down again. So the lowest id starts at once and the
-        // others only if no leader has reached them within BOOTSTRAP_GRACE —
-        // the cluster still forms while its lowest id is down.
-        let first = initial.keys().next() == Some(&config.id);
-        let bootstrap = {
-            let (raft, initial) = (raft.clone(), initial.clone());
-            async move {
-                if !first {
-                    tokio::time::sleep(BOOTSTRAP_GRACE).await;
-                    if raft.is_initialized().await.unwrap_or(true) {
-                        return;
-                    }
-                }
-                if let Err(e) = raft.initialize(initial).await {
-                    tracing::info!(error = %e, "initialize skipped");
-                }
-            }
-        };
-        if first {
-            bootstrap.await;
-            if initial.len() == 1 {
-                // A single node elects itself at once, but openraft 0.10's
-                // initialize returns before that election has run: wait for
-                // it, so that a fresh node takes requests as soon as it serves.
-                let _ = raft
-                    .wait(Some(BOOTSTRAP_GRACE))
-                    .current_leader(config.id, "the single node leads")
-                    .await;
-            }
-        } else {
-            tokio::spawn(bootstrap);
-        }
+    if initialized || config.join {
+        return Ok(());
     }
-    let proposer = Proposer::start(raft.clone());
-    let leases = LeaseKeeper::with_planted(
-        raft.clone(),
-        proposer.clone(),
-        shared.clone(),
-        io.planted,
-        io.clock_rate,
-    );
-    let keeper = tokio::spawn(leases.clone().run());
-    let status = Arc::new(crate::status::StatusSource::new(
-        raft.clone(),
-        shared.clone(),
-        leases.clone(),
-        committed.clone(),
-        peer_tls,
-        io.clone(),
-    ));
-    let shared_for_http = shared.clone();
-    let api = Api::new(
-        raft.clone(),
-        proposer,
-        shared,
-        leases,
-        committed.clone(),
-        read_floor,
-        gatekeeper.clone(),
-    )
-    .with_commit_clock(commit_clock)
-    .with_session_keys(io.session_keys.clone())
-    .with_last_log_index(Arc::new(move || last_log.last_index()));
-    tracing::debug!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
-    let limits = config.security.limits;
-    let builder = || {
-        tonic::transport::Server::builder()
+    let first = initial.keys().next() == Some(&config.id);
+    let single = initial.len() == 1;
+    let bootstrap = {
+        let raft = raft.clone();
+        async move {
+            if !first {
+                tokio::time::sleep(BOOTSTRAP_GRACE).await;
+                if raft.is_initialized().await.unwrap_or(true) {
+                    return;
+                }
+            }
+            if let Err(e) = raft.initialize(initial).await {
+                tracing::info!(error = %e, "initialize skipped");
+            }
+        }
+    };
+    if !first {
+        tokio::spawn(bootstrap);
+        return Ok(());
+    }
+    bootstrap.await;
+    if single {
+        // A single node elects itself at once, but openraft 0.10's initialize
+        // returns before that election has run: wait for it, so that a fresh
+        // node takes requests as soon as it serves.
+        let _ = raft
+            .wait(Some(BOOTSTRAP_GRACE))
+            .current_leader(config.id, "the single node leads")
+            .await;
+    }
+    Ok(())
+}
+
+/// What serving needs beside the started node.
+struct Serve {
+    config: ServerConfig,
+    io: Io,
+    tls: Option<Tls>,
+    counters: Arc<Counters>,
+    gatekeeper: Arc<Gatekeeper>,
+}
+
+impl Serve {
+    /// Serves clients, peers and operators until `shutdown` (or until one of
+    /// the listeners fails), then stops Raft.
+    async fn run(
+        self,
+        listeners: Listeners,
+        node: Started,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        serving: impl FnOnce() + Send,
+    ) -> Result<(), ServerError> {
+        let Serve {
+            config,
+            io,
+            tls,
+            counters,
+            gatekeeper,
+        } = self;
+        let (api, status, keeper) = api(&node, &io, tls.as_ref(), &gatekeeper);
+        let Started {
+            raft,
+            shared,
+            committed,
+            node_metrics,
+            _dir_lock,
+            ..
+        } = node;
+        tracing::debug!(id = config.id, listen = %config.listen, listen_peer = %config.listen_peer, tls = tls.is_some(), data_dir = %config.data_dir.display(), "palisade node serving");
+        let limits = config.security.limits;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let clients = serve_clients(
+            &api,
+            listeners.client,
+            limits,
+            counters.clone(),
+            tls.as_ref(),
+            stopped(stop_rx.clone()),
+        );
+        let peer_check = PeerCheck {
+            tls: tls.is_some(),
+            counters: counters.clone(),
+        };
+        let peers = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .http2_keepalive_interval(Some(Duration::from_secs(10)))
-    };
-    let (client_server, mut peer_server) = (builder(), builder());
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stop_rx_http = stop_rx.clone();
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    // gRPC and the HTTP/JSON API (docs/http.md) share the client listener, its
-    // TLS, limits and gatekeeper; HTTP/1.1 is accepted for the JSON calls.
+            .http2_keepalive_interval(Some(CONNECTION_KEEPALIVE))
+            .add_service(RaftService::new(raft.clone(), peer_check, status.clone()))
+            .serve_with_incoming_shutdown(
+                incoming(
+                    listeners.peer,
+                    limits,
+                    counters.clone(),
+                    tls.as_ref().map(Tls::peer_listener),
+                ),
+                stopped(stop_rx.clone()),
+            );
+        let http = listeners.http.map(|listener| {
+            let observed = crate::http::Observed {
+                raft: raft.clone(),
+                shared,
+                committed,
+                metrics: node_metrics,
+                status,
+                access: None,
+            };
+            let tls = tls.as_ref().filter(|_| !config.metrics_open);
+            let operators = Operators {
+                listener,
+                limits,
+                counters,
+                tls: tls.map(|tls| (tls.client_listener(), gatekeeper.clone())),
+            };
+            tokio::spawn(operators.serve(observed, stopped(stop_rx.clone())))
+        });
+        // Signals are the operating system's; a simulated node has none.
+        let reloads = tokio::spawn(async move {
+            if io.net.is_none() {
+                reload_on_hangup(gatekeeper).await;
+            }
+        });
+        let roles = tokio::spawn(log_role_changes(raft.clone()));
+        let stop_on_signal = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_on_signal.send(true);
+        });
+        // Whichever listener ends first (shutdown, or a failure) ends the other: a
+        // node must not go on serving clients with its peer listener gone.
+        let stop_both = |served| {
+            let _ = stop_tx.send(true);
+            served
+        };
+        serving();
+        let (clients, peers) = tokio::join!(async { stop_both(clients.await) }, async {
+            stop_both(peers.await)
+        });
+        reloads.abort();
+        roles.abort();
+        if let Some(http) = http {
+            http.abort();
+        }
+        keeper.abort();
+        let _ = raft.shutdown().await;
+        // The data directory stays locked until Raft has stopped.
+        drop(_dir_lock);
+        clients.map_err(|source| ServerError::Serve {
+            addr: config.listen,
+            source,
+        })?;
+        peers.map_err(|source| ServerError::Serve {
+            addr: config.listen_peer,
+            source,
+        })
+    }
+}
+
+/// Serves gRPC and the HTTP/JSON API (docs/http.md) on the client listener:
+/// they share its TLS, limits and gatekeeper; HTTP/1.1 is accepted for the
+/// JSON calls.
+fn serve_clients(
+    api: &Api,
+    listener: Accepting,
+    limits: crate::security::conn::Limits,
+    counters: Arc<Counters>,
+    tls: Option<&Tls>,
+    stopped: impl Future<Output = ()> + Send,
+) -> impl Future<Output = Result<(), tonic::transport::Error>> {
     let routes = tonic::service::Routes::new(api.locks())
         .add_service(api.cluster())
         .into_axum_router()
         .merge(crate::json_api::router(api.clone()))
         .fallback(crate::json_api::unknown_path);
-    let clients = client_server
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(CONNECTION_KEEPALIVE))
         .accept_http1(true)
         .layer(tower::util::MapResponseLayer::new(
             crate::wire_errors::mark::<tonic::body::Body>,
         ))
         .add_routes(routes.into())
         .serve_with_incoming_shutdown(
-            incoming(
-                client_listener,
-                limits,
-                counters.clone(),
-                tls.as_ref().map(Tls::client_listener),
-            ),
-            stopped(stop_rx.clone()),
-        );
-    let counters_for_http = counters.clone();
-    let peer_check = PeerCheck {
-        tls: tls.is_some(),
-        counters: counters.clone(),
-    };
-    let peers = peer_server
-        .add_service(RaftService::new(raft.clone(), peer_check, status.clone()))
-        .serve_with_incoming_shutdown(
-            incoming(
-                peer_listener,
-                limits,
-                counters,
-                tls.as_ref().map(Tls::peer_listener),
-            ),
-            stopped(stop_rx),
-        );
-    let http = http_listener.map(|listener| {
-        let observed = crate::http::Observed {
-            raft: raft.clone(),
-            shared: shared_for_http.clone(),
-            committed,
-            metrics: node_metrics,
-            status,
-            access: None,
-        };
-        let tls = tls.as_ref().filter(|_| !config.metrics_open);
-        let operators = Operators {
-            listener,
-            limits,
-            counters: counters_for_http,
-            tls: tls.map(|tls| (tls.client_listener(), gatekeeper.clone())),
-        };
-        tokio::spawn(operators.serve(observed, stopped(stop_rx_http)))
-    });
-    // Signals are the operating system's; a simulated node has none.
-    let reloads = tokio::spawn(async move {
-        if io.net.is_none() {
-            reload_on_hangup(gatekeeper).await;
-        }
-    });
-    let roles = tokio::spawn(log_role_changes(raft.clone()));
-    let stop_on_signal = stop_tx.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_on_signal.send(true);
-    });
-    // Whichever listener ends first (shutdown, or a failure) ends the other: a
-    // node must not go on serving clients with its peer listener gone.
-    let stop_both = |served| {
-        let _ = stop_tx.send(true);
-        served
-    };
-    serving();
-    let (clients, peers) = tokio::join!(async { stop_both(clients.await) }, async {
-        stop_both(peers.await)
-    });
-    reloads.abort();
-    roles.abort();
-    if let Some(http) = http {
-        http.abort();
-    }
-    keeper.abort();
-    let _ = raft.shutdown().await;
-    clients.map_err(|source| ServerError::Serve {
-        addr: config.listen,
-        source,
-    })?;
-    peers.map_err(|source| ServerError::Serve {
-        addr: config.listen_peer,
-        source,
-    })
+            incoming(listener, limits, counters, tls.map(Tls::client_listener)),
+            stopped,
+        )
+}
+
+/// HTTP/2 keep-alive pings on client and peer connections.
+const CONNECTION_KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// The client API on a started node, the status source the peers' and
+/// operators' listeners share, and the lease keeper's task.
+fn api(
+    node: &Started,
+    io: &Io,
+    tls: Option<&Tls>,
+    gatekeeper: &Arc<Gatekeeper>,
+) -> (
+    Api,
+    Arc<crate::status::StatusSource>,
+    tokio::task::JoinHandle<()>,
+) {
+    let raft = &node.raft;
+    let proposer = Proposer::start(raft.clone());
+    let leases = LeaseKeeper::with_planted(
+        raft.clone(),
+        proposer.clone(),
+        node.shared.clone(),
+        io.planted,
+        io.clock_rate,
+    );
+    let keeper = tokio::spawn(leases.clone().run());
+    let status = Arc::new(crate::status::StatusSource::new(
+        raft.clone(),
+        node.shared.clone(),
+        leases.clone(),
+        node.committed.clone(),
+        tls.map(Tls::to_peers),
+        io.clone(),
+    ));
+    let api = Api::new(
+        raft.clone(),
+        proposer,
+        node.shared.clone(),
+        leases,
+        node.committed.clone(),
+        node.read_floor,
+        gatekeeper.clone(),
+    )
+    .with_commit_clock(node.commit_clock.clone())
+    .with_session_keys(io.session_keys.clone())
+    .with_last_log_index(node.last_log.clone());
+    (api, status, keeper)
 }
 
 /// Logs, at INFO and in one line each, every change of this node's role:
