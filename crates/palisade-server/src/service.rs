@@ -397,6 +397,95 @@ impl Drop for AbandonedWait {
     }
 }
 
+/// How an acquire's proposal and wait ended.
+enum Waited {
+    /// Granted (token, slot), or refused.
+    Answered(Result<(FencingToken, u32), Status>),
+    /// Queued, and the wait ran out before a grant was heard of.
+    TimedOut,
+}
+
+impl Api {
+    /// Proposes an acquire and, if it was queued, waits up to `wait` for the
+    /// grant `granted` will bring. Each end unwatches the grant unless the
+    /// watch has fired or (queued by an earlier call of this session) still
+    /// serves that call.
+    async fn grant_or_wait(
+        &self,
+        command: Command,
+        session: SessionId,
+        name: &str,
+        wait: Duration,
+        granted: tokio::sync::oneshot::Receiver<WaitEnd>,
+    ) -> Waited {
+        let unwatched = |answer| {
+            self.shared.unwatch_grant(session, name);
+            Waited::Answered(answer)
+        };
+        let applied = match self.propose(command).await {
+            Ok(a) => a,
+            Err(status) => return unwatched(Err(status)),
+        };
+        match applied.outcome {
+            Ok(Reply::Acquired { token, slot, .. }) => unwatched(Ok((token, slot))),
+            // Already queued by an earlier call of this session: a call that does
+            // not wait must not cancel that wait.
+            Ok(Reply::Queued { .. }) if wait.is_zero() => {
+                Waited::Answered(Err(ErrorCode::WouldBlock.status(format!(
+                    "lock {name:?} is held; this session is already waiting for it"
+                ))))
+            }
+            Ok(Reply::Queued { .. }) => match tokio::time::timeout(wait, granted).await {
+                Ok(Ok(WaitEnd::Granted(token, slot))) => Waited::Answered(Ok((token, slot))),
+                Ok(Ok(WaitEnd::Cancelled)) => Waited::Answered(Err(ErrorCode::Cancelled
+                    .status(format!("the wait for lock {name:?} was cancelled")))),
+                Ok(Err(_)) => Waited::Answered(Err(ErrorCode::UnknownSession
+                    .status(format!("session {session} ended while waiting")))),
+                Err(_) => {
+                    self.shared.unwatch_grant(session, name);
+                    Waited::TimedOut
+                }
+            },
+            Ok(Reply::WouldBlock { holder_token }) => {
+                unwatched(Err(ErrorCode::WouldBlock.status(format!(
+                    "lock {name:?} is held{}",
+                    holder_token
+                        .map(|t| format!(" (token {t})"))
+                        .unwrap_or_default()
+                ))))
+            }
+            Ok(other) => Waited::Answered(Err(unexpected(&other))),
+            Err(e) => unwatched(Err(machine_status(&e))),
+        }
+    }
+
+    /// Leaves the queue after a wait ran out; granted in the meantime, the
+    /// grant stands and is the caller's.
+    async fn cancel_timed_out_wait(
+        &self,
+        session: SessionId,
+        name: &str,
+        wait: Duration,
+    ) -> Result<(FencingToken, u32), Status> {
+        let applied = self
+            .propose(Command::CancelWait {
+                session,
+                name: name.to_owned(),
+            })
+            .await?;
+        match applied.outcome {
+            Err(MachineError::AlreadyGranted { token }) => {
+                Ok((token, self.slot_of(session, name, token)))
+            }
+            Ok(_) | Err(MachineError::NotWaiting { .. }) => {
+                Err(ErrorCode::WaitTimeout
+                    .status(format!("lock {name:?} not granted within {wait:?}")))
+            }
+            Err(e) => Err(machine_status(&e)),
+        }
+    }
+}
+
 /// Leaves the queue, or releases the lock if it was granted meanwhile.
 async fn cancel(api: &Api, session: SessionId, name: String) -> Result<(), Status> {
     let applied = api
@@ -557,91 +646,20 @@ impl Locks for Api {
         // client got back a token it had released long before).
         let from = (self.last_log_index)() + 1;
         let granted = self.shared.watch_grant(session, &r.name, from);
+        // Armed while the call may leave a wait behind: a client that goes
+        // away mid-wait must not keep its place in the queue.
         let guard = AbandonedWait {
             api: Some(self.clone()),
             session,
             name: r.name.clone(),
         };
-        let applied = match self.propose(command).await {
-            Ok(a) => a,
-            Err(status) => {
-                guard.disarm();
-                self.shared.unwatch_grant(session, &r.name);
-                return Err(status);
-            }
-        };
-        let (token, slot) = match applied.outcome {
-            Ok(Reply::Acquired { token, slot, .. }) => {
-                guard.disarm();
-                self.shared.unwatch_grant(session, &r.name);
-                (token, slot)
-            }
-            // Already queued by an earlier call of this session: a call that does
-            // not wait must not cancel that wait.
-            Ok(Reply::Queued { .. }) if wait.is_zero() => {
-                guard.disarm();
-                return Err(ErrorCode::WouldBlock.status(format!(
-                    "lock {:?} is held; this session is already waiting for it",
-                    r.name
-                )));
-            }
-            Ok(Reply::Queued { .. }) => match tokio::time::timeout(wait, granted).await {
-                Ok(Ok(WaitEnd::Granted(token, slot))) => {
-                    guard.disarm();
-                    (token, slot)
-                }
-                Ok(Ok(WaitEnd::Cancelled)) => {
-                    guard.disarm();
-                    return Err(ErrorCode::Cancelled
-                        .status(format!("the wait for lock {:?} was cancelled", r.name)));
-                }
-                Ok(Err(_)) => {
-                    guard.disarm();
-                    return Err(ErrorCode::UnknownSession
-                        .status(format!("session {session} ended while waiting")));
-                }
-                Err(_) => {
-                    guard.disarm();
-                    self.shared.unwatch_grant(session, &r.name);
-                    // Granted in the meantime? Then the grant stands and is ours.
-                    let applied = self
-                        .propose(Command::CancelWait {
-                            session,
-                            name: r.name.clone(),
-                        })
-                        .await?;
-                    match applied.outcome {
-                        Err(MachineError::AlreadyGranted { token }) => {
-                            (token, self.slot_of(session, &r.name, token))
-                        }
-                        Ok(_) | Err(MachineError::NotWaiting { .. }) => {
-                            return Err(ErrorCode::WaitTimeout
-                                .status(format!("lock {:?} not granted within {wait:?}", r.name)));
-                        }
-                        Err(e) => return Err(machine_status(&e)),
-                    }
-                }
-            },
-            Ok(Reply::WouldBlock { holder_token }) => {
-                guard.disarm();
-                self.shared.unwatch_grant(session, &r.name);
-                return Err(ErrorCode::WouldBlock.status(format!(
-                    "lock {:?} is held{}",
-                    r.name,
-                    holder_token
-                        .map(|t| format!(" (token {t})"))
-                        .unwrap_or_default()
-                )));
-            }
-            Ok(other) => {
-                guard.disarm();
-                return Err(unexpected(&other));
-            }
-            Err(e) => {
-                guard.disarm();
-                self.shared.unwatch_grant(session, &r.name);
-                return Err(machine_status(&e));
-            }
+        let waited = self
+            .grant_or_wait(command, session, &r.name, wait, granted)
+            .await;
+        guard.disarm();
+        let (token, slot) = match waited {
+            Waited::Answered(answer) => answer?,
+            Waited::TimedOut => self.cancel_timed_out_wait(session, &r.name, wait).await?,
         };
         Ok(Response::new(AcquireResponse {
             token: token.get(),
