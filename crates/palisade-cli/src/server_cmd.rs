@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use palisade_client::{Admin, ClientConfig, ClientError, FencingToken, TlsOptions};
 use palisade_core::machine::Claim;
-use palisade_core::{LockError, LockOptions};
+use palisade_core::{LockError, LockOptions, Unreachable};
 
 use crate::backends::{self, BackendUrl, SessionSpec};
 
@@ -606,12 +606,16 @@ async fn hold(a: LockArgs, claim: Claim) -> Result<i32> {
             if e == LockError::GrantTooLate {
                 safety.grant_too_late();
             }
-            let e = e.to_string();
-            eprintln!(
-                "palisade: lock {:?} not obtained: {e}{}",
-                a.name,
-                unreachable_hint(&e)
-            );
+            let hint = match &e {
+                // The hints are about a Palisade cluster.
+                LockError::Unavailable { backend, why, .. }
+                    if *backend == palisade_client::DESCRIPTOR.name =>
+                {
+                    unreachable_hint(*why)
+                }
+                _ => "",
+            };
+            eprintln!("palisade: lock {:?} not obtained: {e}{hint}", a.name);
             write_safety(a.metrics_file.as_deref(), &safety);
             return Ok(exit::NOT_OBTAINED);
         }
@@ -728,26 +732,32 @@ async fn with_progress<T>(what: String, work: impl std::future::Future<Output = 
 
 /// What to try when the cluster could not be reached, by what the nodes did;
 /// empty when the failure says enough.
-fn unreachable_hint(message: &str) -> &'static str {
-    if message.contains("connection refused") {
-        "\n  hint: is `palisade serve` running at that address? Name the cluster's \
-         nodes with --endpoints or PALISADE_ENDPOINTS."
-    } else if message.contains("no leader elected yet") {
-        "\n  hint: the nodes answer but have no leader yet: a majority of the members \
-         must be running and able to reach each other's peer ports."
-    } else if message.contains("timed out") {
-        "\n  hint: nothing answered in time: check the address and the network, and \
-         give --ca if the cluster speaks TLS."
-    } else {
-        ""
+fn unreachable_hint(why: Unreachable) -> &'static str {
+    match why {
+        Unreachable::Refused => {
+            "\n  hint: is `palisade serve` running at that address? Name the cluster's \
+             nodes with --endpoints or PALISADE_ENDPOINTS."
+        }
+        Unreachable::NoLeader => {
+            "\n  hint: the nodes answer but have no leader yet: a majority of the members \
+             must be running and able to reach each other's peer ports."
+        }
+        Unreachable::TimedOut => {
+            "\n  hint: nothing answered in time: check the address and the network, and \
+             give --ca if the cluster speaks TLS."
+        }
+        Unreachable::Unknown => "",
     }
 }
 
 /// Prints why a query failed, with a hint, and gives its exit status: usage
 /// errors 2, anything else `unreachable`.
 fn query_failed(what: &str, e: &ClientError, unreachable: i32) -> i32 {
-    let text = e.to_string();
-    eprintln!("palisade: {what}: {text}{}", unreachable_hint(&text));
+    let hint = match e {
+        ClientError::Unavailable { why, .. } => unreachable_hint(*why),
+        _ => "",
+    };
+    eprintln!("palisade: {what}: {e}{hint}");
     match e {
         ClientError::InvalidInput(_) => exit::USAGE,
         _ => unreachable,

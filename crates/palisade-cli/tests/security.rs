@@ -707,7 +707,7 @@ async fn bad_credentials_are_refused_with_a_clear_error() {
         assert!(
             matches!(
                 e,
-                ClientError::Unavailable(_) | ClientError::Unauthenticated(_)
+                ClientError::Unavailable { .. } | ClientError::Unauthenticated(_)
             ),
             "{name}: {e:?}"
         );

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use palisade_core::Unreachable;
 use palisade_proto::h2_channel::{H2Channel, TlsDialing};
 use palisade_proto::{ErrorCode, LEADER_KEY};
 use tonic::metadata::AsciiMetadataValue;
@@ -193,7 +194,7 @@ impl Connector {
         let mut backoff = Duration::from_millis(20);
         // Each node's last answer, so that the final error says what every one
         // of them did (refused, timed out, no leader yet), not only the last.
-        let mut tried: Vec<(String, String)> = Vec::new();
+        let mut tried: Vec<(String, String, Unreachable)> = Vec::new();
         loop {
             let addr = self.target();
             let channel = self.channel(&addr)?;
@@ -208,7 +209,7 @@ impl Connector {
                         "no answer within the call's budget",
                     ))
                 });
-            let why = match attempt {
+            let (words, why) = match attempt {
                 Ok(reply) => {
                     *self.leader.lock().expect("poisoned") = Some(addr);
                     return Ok(reply.into_inner());
@@ -217,9 +218,9 @@ impl Connector {
                     Some(ErrorCode::NotLeader) => {
                         self.follow(&status, &addr);
                         if self.leader.lock().expect("poisoned").is_some() {
-                            "not the leader".to_owned()
+                            ("not the leader".to_owned(), Unreachable::Unknown)
                         } else {
-                            "no leader elected yet".to_owned()
+                            ("no leader elected yet".to_owned(), Unreachable::NoLeader)
                         }
                     }
                     Some(ErrorCode::Unavailable) | None => {
@@ -229,17 +230,20 @@ impl Connector {
                     Some(_) => return Err(ClientError::from_status(&status)),
                 },
             };
-            match tried.iter_mut().find(|(a, _)| *a == addr) {
-                Some(entry) => entry.1 = why,
-                None => tried.push((addr, why)),
+            match tried.iter_mut().find(|(a, _, _)| *a == addr) {
+                Some(entry) => (entry.1, entry.2) = (words, why),
+                None => tried.push((addr, words, why)),
             }
             if palisade_core::clock::now() + backoff >= give_up {
-                let each: Vec<String> = tried.iter().map(|(a, w)| format!("{a}: {w}")).collect();
-                return Err(ClientError::Unavailable(format!(
-                    "{} (tried for {:.1} s)",
-                    each.join("; "),
-                    started.elapsed().as_secs_f64()
-                )));
+                let each: Vec<String> = tried.iter().map(|(a, w, _)| format!("{a}: {w}")).collect();
+                return Err(ClientError::Unavailable {
+                    detail: format!(
+                        "{} (tried for {:.1} s)",
+                        each.join("; "),
+                        started.elapsed().as_secs_f64()
+                    ),
+                    why: overall(tried.iter().map(|(_, _, why)| *why)),
+                });
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(500));
@@ -247,21 +251,41 @@ impl Connector {
     }
 }
 
-/// A failed call in a person's words: "connection refused", "timed out", or
-/// the server's own message.
-fn describe_failure(status: &Status) -> String {
+/// What the nodes' failures add up to: a refused connection anywhere says
+/// the most (a wrong address), then no leader, then no answer in time.
+fn overall(each: impl Iterator<Item = Unreachable> + Clone) -> Unreachable {
+    [
+        Unreachable::Refused,
+        Unreachable::NoLeader,
+        Unreachable::TimedOut,
+    ]
+    .into_iter()
+    .find(|kind| each.clone().any(|why| why == *kind))
+    .unwrap_or_default()
+}
+
+/// A failed call in a person's words — "connection refused", "timed out", or
+/// the server's own message — and its kind.
+fn describe_failure(status: &Status) -> (String, Unreachable) {
+    let timed_out = || ("timed out".to_owned(), Unreachable::TimedOut);
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     while let Some(e) = cause {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             return match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
-                std::io::ErrorKind::TimedOut => "timed out".into(),
-                std::io::ErrorKind::ConnectionReset => "connection reset".into(),
-                _ => io.to_string(),
+                std::io::ErrorKind::ConnectionRefused => {
+                    ("connection refused".into(), Unreachable::Refused)
+                }
+                std::io::ErrorKind::TimedOut => timed_out(),
+                std::io::ErrorKind::ConnectionReset => {
+                    ("connection reset".into(), Unreachable::Unknown)
+                }
+                _ => (io.to_string(), Unreachable::Unknown),
             };
         }
+        // hyper's and tower's timeouts are errors of their own, not io ones:
+        // their words are all that tells them apart.
         if e.to_string().contains("timed out") {
-            return "timed out".into();
+            return timed_out();
         }
         cause = e.source();
     }
@@ -269,10 +293,12 @@ fn describe_failure(status: &Status) -> String {
         tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
             if status.message().contains("Timeout") || status.message().contains("timed out") =>
         {
-            "timed out".into()
+            timed_out()
         }
-        _ if status.message().is_empty() => format!("{}", status.code()),
-        _ => status.message().to_owned(),
+        // The call's own budget ran out (see `call`).
+        tonic::Code::DeadlineExceeded => (status.message().to_owned(), Unreachable::TimedOut),
+        _ if status.message().is_empty() => (format!("{}", status.code()), Unreachable::Unknown),
+        _ => (status.message().to_owned(), Unreachable::Unknown),
     }
 }
 
@@ -293,4 +319,33 @@ struct Tls {
     dialing: TlsDialing,
     /// The name expected in the nodes' certificates; `None`: each address's host.
     server_name: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_anywhere_names_the_failure_then_no_leader_then_timeouts() {
+        use Unreachable::*;
+        assert_eq!(overall([TimedOut, Refused, NoLeader].into_iter()), Refused);
+        assert_eq!(overall([TimedOut, NoLeader].into_iter()), NoLeader);
+        assert_eq!(overall([Unknown, TimedOut].into_iter()), TimedOut);
+        assert_eq!(overall([Unknown].into_iter()), Unknown);
+        assert_eq!(overall(std::iter::empty()), Unknown);
+    }
+
+    #[test]
+    fn the_calls_own_budget_running_out_is_a_timeout_in_its_own_words() {
+        let status = Status::deadline_exceeded("no answer within the call's budget");
+        assert_eq!(
+            describe_failure(&status),
+            (
+                "no answer within the call's budget".to_owned(),
+                Unreachable::TimedOut
+            )
+        );
+        let (_, why) = describe_failure(&Status::unavailable("shutting down"));
+        assert_eq!(why, Unreachable::Unknown);
+    }
 }

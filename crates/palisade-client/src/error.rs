@@ -1,6 +1,6 @@
 //! The client's one error type.
 
-use palisade_core::FencingToken;
+use palisade_core::{FencingToken, Unreachable};
 use palisade_proto::ErrorCode;
 
 /// What can go wrong talking to a Palisade cluster.
@@ -49,8 +49,14 @@ pub enum ClientError {
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     /// No leader answered in time. The outcome of a write is unknown.
-    #[error("cluster unavailable: {0}")]
-    Unavailable(String),
+    #[error("cluster unavailable: {detail}")]
+    Unavailable {
+        /// What each node did, in words.
+        detail: String,
+        /// What kind of failure it was (nothing listening, no leader yet,
+        /// no answer in time), for a caller to act on without reading words.
+        why: Unreachable,
+    },
     /// The waiting acquire was cancelled (`cancel_acquire` of this session);
     /// nothing was granted.
     #[error("the wait was cancelled")]
@@ -73,7 +79,7 @@ impl ClientError {
             ClientError::WouldBlock
                 | ClientError::WaitTimeout
                 | ClientError::GrantTooLate
-                | ClientError::Unavailable(_)
+                | ClientError::Unavailable { .. }
         )
     }
 
@@ -114,7 +120,10 @@ impl ClientError {
             Some(ErrorCode::Cancelled) => ClientError::Cancelled,
             Some(ErrorCode::WrongShape) => ClientError::WrongShape(msg),
             Some(ErrorCode::NotLeader | ErrorCode::Unavailable) | None => {
-                ClientError::Unavailable(format!("{}: {msg}", status.code()))
+                ClientError::Unavailable {
+                    detail: format!("{}: {msg}", status.code()),
+                    why: Unreachable::Unknown,
+                }
             }
         }
     }
@@ -137,9 +146,15 @@ impl From<ClientError> for palisade_core::LockError {
             ClientError::LimitReached(m) => L::LimitReached(m),
             ClientError::Unauthenticated(m) => L::Unauthenticated(m),
             ClientError::PermissionDenied(m) => L::PermissionDenied(m),
-            ClientError::Unavailable(detail) | ClientError::Protocol(detail) => L::Unavailable {
+            ClientError::Unavailable { detail, why } => L::Unavailable {
                 backend: "palisade",
                 detail,
+                why,
+            },
+            ClientError::Protocol(detail) => L::Unavailable {
+                backend: "palisade",
+                detail,
+                why: Unreachable::Unknown,
             },
         }
     }

@@ -409,9 +409,9 @@ impl Client {
                 }
                 Ok(guard)
             }
-            Err(ClientError::Unavailable(why)) => {
+            Err(ClientError::Unavailable { detail, why }) => {
                 self.cancel_in_background(name, unanswered.turn.take());
-                Err(ClientError::Unavailable(why))
+                Err(ClientError::Unavailable { detail, why })
             }
             Err(e) => Err(e),
         }

@@ -29,5 +29,5 @@ pub mod token;
 
 pub use lease::LeaseState;
 pub use limits::InputError;
-pub use lock::{EfficiencyLease, FencedLease, FencedLocks, LockError, LockOptions};
+pub use lock::{EfficiencyLease, FencedLease, FencedLocks, LockError, LockOptions, Unreachable};
 pub use token::FencingToken;

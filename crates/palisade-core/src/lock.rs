@@ -128,7 +128,24 @@ pub enum LockError {
         backend: &'static str,
         /// What happened.
         detail: String,
+        /// What kind of failure it was, where the client can tell.
+        why: Unreachable,
     },
+}
+
+/// Why a backend could not be reached, as far as its client can tell: what a
+/// command's hint is chosen by, not its words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unreachable {
+    /// The client cannot tell (or the backend's client does not say).
+    #[default]
+    Unknown,
+    /// Every server tried refused the connection: nothing listens there.
+    Refused,
+    /// Servers answered, but none leads yet.
+    NoLeader,
+    /// Nothing answered in time.
+    TimedOut,
 }
 
 impl LockError {
@@ -212,7 +229,8 @@ mod tests {
         assert!(
             LockError::Unavailable {
                 backend: "palisade",
-                detail: "x".into()
+                detail: "x".into(),
+                why: Unreachable::Unknown,
             }
             .is_retryable()
         );

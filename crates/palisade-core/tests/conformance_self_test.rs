@@ -75,6 +75,7 @@ impl<const BUG: u8> Server<BUG> {
         LockError::Unavailable {
             backend: "toy",
             detail: "cut off".into(),
+            why: palisade_core::Unreachable::Unknown,
         }
     }
 

@@ -89,6 +89,7 @@ fn unavailable(detail: impl std::fmt::Display) -> LockError {
     LockError::Unavailable {
         backend: BACKEND,
         detail: detail.to_string(),
+        why: palisade_core::Unreachable::Unknown,
     }
 }
 

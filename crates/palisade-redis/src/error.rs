@@ -134,6 +134,7 @@ impl From<RedisLockError> for palisade_core::LockError {
             e => L::Unavailable {
                 backend: "redis",
                 detail: e.to_string(),
+                why: palisade_core::Unreachable::Unknown,
             },
         }
     }

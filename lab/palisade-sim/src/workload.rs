@@ -242,7 +242,7 @@ pub async fn run(plan: Plan, rec: Recorder, fence: Fence) -> turmoil::Result {
                 rec.record(id, EventKind::AcquireFail { lock });
                 client = None;
             }
-            Err(ClientError::Unavailable(_)) => {
+            Err(ClientError::Unavailable { .. }) => {
                 rec.record(id, EventKind::AcquireUnknown { lock });
             }
             Err(_) => {

@@ -130,6 +130,7 @@ fn unavailable(e: impl std::fmt::Display) -> LockError {
     LockError::Unavailable {
         backend: "palisade",
         detail: e.to_string(),
+        why: palisade_core::Unreachable::Unknown,
     }
 }
 
