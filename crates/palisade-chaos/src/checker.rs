@@ -141,8 +141,22 @@ pub fn check(h: &History) -> Report {
 /// Finds everything [`Report`] counts, as the events involved.
 pub fn violations(h: &History) -> Violations {
     let grants = grants(h);
-    let mut found = Violations::default();
+    let mut found = Violations {
+        overlapping_grants: overlapping(&grants),
+        over_capacity: over_capacity(&grants),
+        ..Violations::default()
+    };
+    judge_resources(h, &grants, &mut found);
+    let (non_monotonic, linearizable) = token_order(&grants);
+    found.non_monotonic = non_monotonic;
+    found.linearizable = linearizable;
+    found
+}
 
+/// Pairs of grants of one lock to different clients, incompatible, whose
+/// believed-held intervals overlap.
+fn overlapping(grants: &[Grant]) -> Vec<(usize, usize)> {
+    let mut found = Vec::new();
     for (i, a) in grants.iter().enumerate() {
         for b in &grants[i + 1..] {
             if a.lock == b.lock
@@ -151,12 +165,16 @@ pub fn violations(h: &History) -> Violations {
                 && a.ok_at < b.believed_until
                 && b.ok_at < a.believed_until
             {
-                found.overlapping_grants.push((a.event, b.event));
+                found.push((a.event, b.event));
             }
         }
     }
-    found.over_capacity = over_capacity(&grants);
+    found
+}
 
+/// What the resources saw: stale writes accepted and refused, stale reads,
+/// lost updates.
+fn judge_resources(h: &History, grants: &[Grant], found: &mut Violations) {
     // Per resource: the highest token of an accepted write, and of an
     // answered read. A read is stale below the first; a write below either
     // (a writer's token is above every reader's before it).
@@ -227,7 +245,12 @@ pub fn violations(h: &History) -> Violations {
         }
         *current = *wrote;
     }
+}
 
+/// Pairs of grants whose tokens are duplicated or go backwards in real time,
+/// and whether the tokens are linearizable (`None` when no grant had one).
+fn token_order(grants: &[Grant]) -> (Vec<(usize, usize)>, Option<bool>) {
+    let mut non_monotonic = Vec::new();
     let mut by_lock: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
     for g in grants.iter().filter(|g| g.token.is_some()) {
         by_lock.entry(&g.lock).or_default().push(g);
@@ -250,15 +273,13 @@ pub fn violations(h: &History) -> Violations {
                 let backwards =
                     (a.ok_at < b.invoked_at && ta > tb) || (b.ok_at < a.invoked_at && tb > ta);
                 if duplicate || backwards {
-                    found.non_monotonic.push((a.event, b.event));
+                    non_monotonic.push((a.event, b.event));
                 }
             }
         }
     }
-    if !by_lock.is_empty() {
-        found.linearizable = Some(found.non_monotonic.is_empty());
-    }
-    found
+    let linearizable = (!by_lock.is_empty()).then_some(non_monotonic.is_empty());
+    (non_monotonic, linearizable)
 }
 
 /// The permits granted beyond their semaphore's size: in a slot outside it,

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use crate::checker::{Grant, grants, violations};
+use crate::checker::{Grant, Violations, grants, violations};
 use crate::history::{EventKind, History};
 
 const WIDTH: f64 = 960.0;
@@ -34,44 +34,83 @@ const BAR_STROKE: &str = "#3b6fb6";
 /// depends only on `h`, so the same history always gives the same bytes.
 pub fn timeline_svg(h: &History) -> String {
     let found = violations(h);
-    let grants = grants(h);
     let scale = Scale::new(h);
+    let layout = Layout::new(h);
+    let mut svg = header(&title(h), layout.height);
+    svg.push_str(&lanes(&layout));
+    // Faults go under everything else so they never hide a grant or a write.
+    svg.push_str(&faults(h, &scale, &layout));
+    svg.push_str(&grant_bars(&grants(h), &found, &scale, &layout));
+    svg.push_str(&failed_attempts(h, &scale, &layout));
+    svg.push_str(&writes(h, &found, &scale, &layout));
+    svg.push_str(&axis(&scale, layout.axis_y));
+    svg.push_str(&legend(layout.axis_y + 46.0));
+    svg.push_str("</svg>");
+    svg
+}
 
-    let clients: Vec<u32> = h
-        .events
-        .iter()
-        .filter(|e| match e.kind {
-            EventKind::Fault { .. } => false,
-            // Client 0 writes are the resource's own: storage lane only.
-            EventKind::Write { .. } => e.client != 0,
-            _ => true,
-        })
-        .map(|e| e.client)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let faults = h
-        .events
-        .iter()
-        .filter(|e| matches!(e.kind, EventKind::Fault { .. }))
-        .count();
-    let lanes_top = 40.0 + FAULT_LABEL_ROW * faults.min(FAULT_LABEL_ROWS) as f64 + 8.0;
-    let lane_center = |client: u32| -> Option<f64> {
-        let i = clients.iter().position(|&c| c == client)?;
-        Some(lanes_top + LANE_HEIGHT * i as f64 + LANE_HEIGHT / 2.0)
-    };
-    let storage_top = lanes_top + LANE_HEIGHT * clients.len() as f64;
-    let storage_mark_y = storage_top + 14.0;
-    let storage_bottom = storage_top + STORAGE_HEIGHT;
-    let axis_y = storage_bottom + 8.0;
-    let height = axis_y + 58.0;
+/// Where things go from top to bottom: the fault labels, one lane per client,
+/// the storage lane, the time axis and the legend.
+struct Layout {
+    /// The clients with a lane, in order.
+    clients: Vec<u32>,
+    lanes_top: f64,
+    /// The storage lane's line, where the writes' verdicts sit.
+    storage_mark_y: f64,
+    /// Where the fault lines end.
+    storage_bottom: f64,
+    axis_y: f64,
+    height: f64,
+}
 
-    let title = title(h);
+impl Layout {
+    fn new(h: &History) -> Layout {
+        let clients: Vec<u32> = h
+            .events
+            .iter()
+            .filter(|e| match e.kind {
+                EventKind::Fault { .. } => false,
+                // Client 0 writes are the resource's own: storage lane only.
+                EventKind::Write { .. } => e.client != 0,
+                _ => true,
+            })
+            .map(|e| e.client)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let faults = h
+            .events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Fault { .. }))
+            .count();
+        let lanes_top = 40.0 + FAULT_LABEL_ROW * faults.min(FAULT_LABEL_ROWS) as f64 + 8.0;
+        let storage_top = lanes_top + LANE_HEIGHT * clients.len() as f64;
+        let storage_bottom = storage_top + STORAGE_HEIGHT;
+        let axis_y = storage_bottom + 8.0;
+        Layout {
+            clients,
+            lanes_top,
+            storage_mark_y: storage_top + 14.0,
+            storage_bottom,
+            axis_y,
+            height: axis_y + 58.0,
+        }
+    }
+
+    /// The y of `client`'s lane, if it has one.
+    fn lane_center(&self, client: u32) -> Option<f64> {
+        let i = self.clients.iter().position(|&c| c == client)?;
+        Some(self.lanes_top + LANE_HEIGHT * i as f64 + LANE_HEIGHT / 2.0)
+    }
+}
+
+/// The document's opening: size, title and the arrowheads the writes use.
+fn header(title: &str, height: f64) -> String {
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
          viewBox=\"0 0 {WIDTH} {height}\" font-family=\"sans-serif\" font-size=\"11\" \
          style=\"background:#fff\">\n<title>{}</title>\n",
-        escape(&title)
+        escape(title)
     );
     svg.push_str("<defs>\n");
     for (id, colour) in [("ok", INK), ("violation", RED), ("rejected", ORANGE)] {
@@ -84,21 +123,27 @@ pub fn timeline_svg(h: &History) -> String {
     svg.push_str("</defs>\n");
     svg.push_str(&format!(
         "<text x=\"10\" y=\"22\" font-size=\"14\" font-weight=\"bold\">{}</text>\n",
-        escape(&title)
+        escape(title)
     ));
+    svg
+}
 
-    // Lanes.
-    svg.push_str("<g class=\"lanes\">\n");
+fn lanes(layout: &Layout) -> String {
+    let mut svg = String::from("<g class=\"lanes\">\n");
     let lane_end = WIDTH - RIGHT;
-    for &client in &clients {
-        let y = lane_center(client).unwrap_or(lanes_top);
+    for &client in &layout.clients {
+        let y = layout.lane_center(client).unwrap_or(layout.lanes_top);
         svg.push_str(&lane(&format!("client {client}"), y, lane_end));
     }
-    svg.push_str(&lane("storage", storage_mark_y, lane_end));
+    svg.push_str(&lane("storage", layout.storage_mark_y, lane_end));
     svg.push_str("</g>\n");
+    svg
+}
 
-    // Faults go under everything else so they never hide a grant or a write.
-    svg.push_str("<g class=\"faults\">\n");
+/// A dashed line per fault down to the storage lane, labelled at the top.
+fn faults(h: &History, scale: &Scale, layout: &Layout) -> String {
+    let storage_bottom = layout.storage_bottom;
+    let mut svg = String::from("<g class=\"faults\">\n");
     let mut fault_ordinal = 0;
     for e in &h.events {
         let EventKind::Fault { what } = &e.kind else {
@@ -125,8 +170,11 @@ pub fn timeline_svg(h: &History) -> String {
         ));
     }
     svg.push_str("</g>\n");
+    svg
+}
 
-    // Grants.
+/// A bar per grant on its client's lane, red where the checker flags it.
+fn grant_bars(grants: &[Grant], found: &Violations, scale: &Scale, layout: &Layout) -> String {
     let overlapping: HashSet<usize> = found
         .overlapping_grants
         .iter()
@@ -143,31 +191,34 @@ pub fn timeline_svg(h: &History) -> String {
         .collect::<HashSet<_>>()
         .len()
         > 1;
-    svg.push_str("<g class=\"grants\">\n");
-    for g in &grants {
-        let Some(center) = lane_center(g.client) else {
+    let mut svg = String::from("<g class=\"grants\">\n");
+    for g in grants {
+        let Some(center) = layout.lane_center(g.client) else {
             continue;
         };
         svg.push_str(&grant_bar(
             g,
             center,
-            &scale,
+            scale,
             overlapping.contains(&g.event),
             out_of_order.contains(&g.event),
             several_locks,
         ));
     }
     svg.push_str("</g>\n");
+    svg
+}
 
-    // Acquire attempts that did not get the lock.
-    svg.push_str("<g class=\"attempts\">\n");
+/// A cross per acquire that did not get the lock (failed or outcome unknown).
+fn failed_attempts(h: &History, scale: &Scale, layout: &Layout) -> String {
+    let mut svg = String::from("<g class=\"attempts\">\n");
     for e in &h.events {
         let (what, lock) = match &e.kind {
             EventKind::AcquireFail { lock } => ("failed", lock),
             EventKind::AcquireUnknown { lock } => ("outcome unknown", lock),
             _ => continue,
         };
-        let Some(y) = lane_center(e.client) else {
+        let Some(y) = layout.lane_center(e.client) else {
             continue;
         };
         let x = scale.x(e.at_us);
@@ -189,12 +240,16 @@ pub fn timeline_svg(h: &History) -> String {
         ));
     }
     svg.push_str("</g>\n");
+    svg
+}
 
-    // Writes: an arrow from the writer down to the storage lane, and the
-    // resource's verdict on the storage lane.
+/// Writes: an arrow from the writer down to the storage lane, and the
+/// resource's verdict on the storage lane.
+fn writes(h: &History, found: &Violations, scale: &Scale, layout: &Layout) -> String {
+    let storage_mark_y = layout.storage_mark_y;
     let stale: HashSet<usize> = found.stale_accepted.iter().copied().collect();
     let lost: HashSet<usize> = found.lost_updates.iter().copied().collect();
-    svg.push_str("<g class=\"writes\">\n");
+    let mut svg = String::from("<g class=\"writes\">\n");
     let mut write_ordinal = 0;
     for (index, e) in h.events.iter().enumerate() {
         let EventKind::Write {
@@ -238,7 +293,7 @@ pub fn timeline_svg(h: &History) -> String {
             format_ms(e.at_us),
             label = escape(&label),
         );
-        if let Some(from) = lane_center(e.client).filter(|_| e.client != 0) {
+        if let Some(from) = layout.lane_center(e.client).filter(|_| e.client != 0) {
             svg.push_str(&format!(
                 "<line class=\"write-arrow {class}\" x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" \
                  y2=\"{:.1}\" stroke=\"{colour}\" stroke-width=\"1.2\" \
@@ -258,10 +313,6 @@ pub fn timeline_svg(h: &History) -> String {
         ));
     }
     svg.push_str("</g>\n");
-
-    svg.push_str(&axis(&scale, axis_y));
-    svg.push_str(&legend(axis_y + 46.0));
-    svg.push_str("</svg>");
     svg
 }
 
