@@ -231,34 +231,65 @@ fn find_node<'a>(reports: &'a [NodeReport], addr: &str) -> Option<&'a NodeReport
 }
 
 fn check(reports: &[NodeReport], max_ttl: Option<Duration>) -> Vec<Finding> {
-    let mut findings = Vec::new();
-    let mut add = |severity, kind, nodes: Vec<&NodeReport>, message: String| {
-        findings.push(Finding {
+    let mut f = Findings::default();
+    for r in reports.iter().filter(|r| !r.reachable) {
+        unreachable(&mut f, r);
+    }
+    let live: Vec<&NodeReport> = reports.iter().filter(|r| r.reachable).collect();
+    duplicates(&mut f, &live);
+    for r in &live {
+        replication(&mut f, r, reports);
+    }
+    shared_hosts(&mut f, &live);
+    for r in &live {
+        durability(&mut f, r, max_ttl);
+    }
+    f.0
+}
+
+/// The findings of one audit, in the order they were found.
+#[derive(Default)]
+struct Findings(Vec<Finding>);
+
+impl Findings {
+    fn add(
+        &mut self,
+        severity: Severity,
+        kind: &'static str,
+        nodes: &[&NodeReport],
+        message: String,
+    ) {
+        self.0.push(Finding {
             severity,
             kind,
             nodes: nodes.iter().map(|n| n.url.clone()).collect(),
             message,
         });
-    };
-    for r in reports.iter().filter(|r| !r.reachable) {
-        let why = r.error.as_deref().unwrap_or("unknown error");
-        add(
-            Severity::Violation,
-            "unreachable",
-            vec![r],
-            format!("{} could not be asked: {why}", r.url),
-        );
     }
-    let live: Vec<&NodeReport> = reports.iter().filter(|r| r.reachable).collect();
+}
+
+/// A node that could not be asked counts against the set.
+fn unreachable(f: &mut Findings, r: &NodeReport) {
+    let why = r.error.as_deref().unwrap_or("unknown error");
+    f.add(
+        Severity::Violation,
+        "unreachable",
+        &[r],
+        format!("{} could not be asked: {why}", r.url),
+    );
+}
+
+/// Two URLs that reach the same server (same `run_id`) are one node, not two.
+fn duplicates(f: &mut Findings, live: &[&NodeReport]) {
     for (i, a) in live.iter().enumerate() {
         if let Some(b) = live[..i]
             .iter()
             .find(|b| b.run_id.is_some() && b.run_id == a.run_id)
         {
-            add(
+            f.add(
                 Severity::Violation,
                 "duplicate_server",
-                vec![b, a],
+                &[*b, *a],
                 format!(
                     "{} and {} are the same server (run_id {})",
                     b.url,
@@ -268,63 +299,69 @@ fn check(reports: &[NodeReport], max_ttl: Option<Duration>) -> Vec<Finding> {
             );
         }
     }
-    for r in &live {
-        if r.role.as_deref() == Some("slave") {
-            let master = r.master.clone().unwrap_or_default();
-            let in_set =
-                find_node(reports, &master).map(|m| format!(", which is {} in this set", m.url));
-            add(
+}
+
+/// Redlock assumes independent masters without replication.
+fn replication(f: &mut Findings, r: &NodeReport, reports: &[NodeReport]) {
+    if r.role.as_deref() == Some("slave") {
+        let master = r.master.clone().unwrap_or_default();
+        let in_set =
+            find_node(reports, &master).map(|m| format!(", which is {} in this set", m.url));
+        f.add(
+            Severity::Violation,
+            "replica",
+            &[r],
+            format!(
+                "{} is a replica of {master}{}: not an independent master",
+                r.url,
+                in_set.unwrap_or_default()
+            ),
+        );
+    }
+    if !r.replicas.is_empty() {
+        let inside: Vec<&NodeReport> = r
+            .replicas
+            .iter()
+            .filter_map(|a| find_node(reports, a))
+            .collect();
+        if inside.is_empty() {
+            // Not only a risk: the replica can be promoted (by Sentinel or
+            // by hand) without the key, and then two clients hold the lock
+            // (`palisade chaos redlock-replica-failover`). Redlock assumes
+            // masters without replication.
+            f.add(
                 Severity::Violation,
-                "replica",
-                vec![r],
+                "has_replicas",
+                &[r],
                 format!(
-                    "{} is a replica of {master}{}: not an independent master",
+                    "{} has replicas ({}): a failover to an asynchronous replica can lose locks",
                     r.url,
-                    in_set.unwrap_or_default()
+                    r.replicas.join(", ")
+                ),
+            );
+        } else {
+            let mut nodes = vec![r];
+            nodes.extend(inside.iter().copied());
+            f.add(
+                Severity::Violation,
+                "replicates_within_set",
+                &nodes,
+                format!(
+                    "{} replicates to {}: master and replica share one fate",
+                    r.url,
+                    inside
+                        .iter()
+                        .map(|n| n.url.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             );
         }
-        if !r.replicas.is_empty() {
-            let inside: Vec<&NodeReport> = r
-                .replicas
-                .iter()
-                .filter_map(|a| find_node(reports, a))
-                .collect();
-            if inside.is_empty() {
-                // Not only a risk: the replica can be promoted (by Sentinel or
-                // by hand) without the key, and then two clients hold the lock
-                // (`palisade chaos redlock-replica-failover`). Redlock assumes
-                // masters without replication.
-                add(
-                    Severity::Violation,
-                    "has_replicas",
-                    vec![r],
-                    format!(
-                        "{} has replicas ({}): a failover to an asynchronous replica can lose locks",
-                        r.url,
-                        r.replicas.join(", ")
-                    ),
-                );
-            } else {
-                let mut nodes = vec![*r];
-                nodes.extend(inside.iter().copied());
-                add(
-                    Severity::Violation,
-                    "replicates_within_set",
-                    nodes,
-                    format!(
-                        "{} replicates to {}: master and replica share one fate",
-                        r.url,
-                        inside
-                            .iter()
-                            .map(|n| n.url.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                );
-            }
-        }
     }
+}
+
+/// Nodes on one host share one failure domain.
+fn shared_hosts(f: &mut Findings, live: &[&NodeReport]) {
     let mut hosts: Vec<&str> = live.iter().filter_map(|r| r.host.as_deref()).collect();
     hosts.sort_unstable();
     hosts.dedup();
@@ -335,10 +372,10 @@ fn check(reports: &[NodeReport], max_ttl: Option<Duration>) -> Vec<Finding> {
             .filter(|r| r.host.as_deref() == Some(host))
             .collect();
         if on_host.len() > 1 {
-            add(
+            f.add(
                 Severity::Violation,
                 "shared_host",
-                on_host.clone(),
+                &on_host,
                 format!(
                     "{} nodes run on one host ({host}): one failure domain",
                     on_host.len()
@@ -346,40 +383,42 @@ fn check(reports: &[NodeReport], max_ttl: Option<Duration>) -> Vec<Finding> {
             );
         }
     }
-    for r in &live {
-        let fsync_every_write =
-            r.appendonly.as_deref() == Some("yes") && r.appendfsync.as_deref() == Some("always");
-        if !fsync_every_write {
-            add(
-                Severity::Warning,
-                "no_fsync",
-                vec![r],
-                format!(
-                    "{} does not fsync every write (appendonly={}, appendfsync={}): a restart can forget granted locks; delay its restarts by the longest TTL",
-                    r.url,
-                    r.appendonly.as_deref().unwrap_or("unknown"),
-                    r.appendfsync.as_deref().unwrap_or("unknown")
-                ),
-            );
-        }
-        // `uptime_in_seconds` may overstate the real uptime by up to a second
-        // (whole seconds of two truncated wall-clock readings).
-        if let (Some(max), Some(up)) = (max_ttl, r.uptime_s)
-            && Duration::from_secs(up.saturating_sub(1)) < max
-        {
-            add(
-                Severity::Warning,
-                "short_uptime",
-                vec![r],
-                format!(
-                    "{} has been up {up} s, less than the longest TTL ({:.1} s): it may have forgotten locks after a restart",
-                    r.url,
-                    max.as_secs_f64()
-                ),
-            );
-        }
+}
+
+/// A node that may forget a granted lock on restart (no fsync per write, or
+/// restarted within the longest TTL).
+fn durability(f: &mut Findings, r: &NodeReport, max_ttl: Option<Duration>) {
+    let fsync_every_write =
+        r.appendonly.as_deref() == Some("yes") && r.appendfsync.as_deref() == Some("always");
+    if !fsync_every_write {
+        f.add(
+            Severity::Warning,
+            "no_fsync",
+            &[r],
+            format!(
+                "{} does not fsync every write (appendonly={}, appendfsync={}): a restart can forget granted locks; delay its restarts by the longest TTL",
+                r.url,
+                r.appendonly.as_deref().unwrap_or("unknown"),
+                r.appendfsync.as_deref().unwrap_or("unknown")
+            ),
+        );
     }
-    findings
+    // `uptime_in_seconds` may overstate the real uptime by up to a second
+    // (whole seconds of two truncated wall-clock readings).
+    if let (Some(max), Some(up)) = (max_ttl, r.uptime_s)
+        && Duration::from_secs(up.saturating_sub(1)) < max
+    {
+        f.add(
+            Severity::Warning,
+            "short_uptime",
+            &[r],
+            format!(
+                "{} has been up {up} s, less than the longest TTL ({:.1} s): it may have forgotten locks after a restart",
+                r.url,
+                max.as_secs_f64()
+            ),
+        );
+    }
 }
 
 #[cfg(test)]

@@ -367,18 +367,7 @@ impl LockMachine {
                     waiters: VecDeque::new(),
                 },
             );
-            self.session_mut(session)?.held.insert(name.clone());
-            grants.push(Grant {
-                name,
-                session,
-                token,
-                slot: 0,
-            });
-            return Ok(Reply::Acquired {
-                token,
-                reacquired: false,
-                slot: 0,
-            });
+            return self.granted(session, name, token, 0, grants);
         };
         if lock.shape != shape {
             return Err(MachineError::ShapeMismatch {
@@ -388,31 +377,8 @@ impl LockMachine {
             });
         }
 
-        // A retry of a request that already took effect (the client could not tell,
-        // e.g. across a leader change) must get the same answer, never a second grant.
-        if let Some(h) = lock.holder_of(session) {
-            if h.mode != mode {
-                return Err(MachineError::HeldInOtherMode { name, mode: h.mode });
-            }
-            return Ok(Reply::Acquired {
-                token: h.token,
-                reacquired: true,
-                slot: h.slot,
-            });
-        }
-        if already_queued {
-            let (position, w) = lock
-                .waiters
-                .iter()
-                .enumerate()
-                .find(|(_, w)| w.session == session)
-                .expect("session mirror says it is queued");
-            if w.mode != mode {
-                return Err(MachineError::HeldInOtherMode { name, mode: w.mode });
-            }
-            return Ok(Reply::Queued {
-                position: position + 1,
-            });
+        if let Some(answer) = earlier_answer(lock, &name, session, mode, already_queued) {
+            return answer;
         }
         // FIFO: a claim that fits still waits behind anyone already waiting.
         if lock.waiters.is_empty() && lock.admits(mode, bugs) {
@@ -425,18 +391,7 @@ impl LockMachine {
             if mode == Mode::Exclusive {
                 lock.lock_delay_ms = granted_delay;
             }
-            self.session_mut(session)?.held.insert(name.clone());
-            grants.push(Grant {
-                name,
-                session,
-                token,
-                slot,
-            });
-            return Ok(Reply::Acquired {
-                token,
-                reacquired: false,
-                slot,
-            });
+            return self.granted(session, name, token, slot, grants);
         }
         if !wait {
             return Ok(Reply::WouldBlock {
@@ -461,6 +416,30 @@ impl LockMachine {
         let position = lock.waiters.len();
         self.session_mut(session)?.waiting.insert(name);
         Ok(Reply::Queued { position })
+    }
+
+    /// Records a new grant of `name` to `session` (the lock already lists it
+    /// among its holders) and answers it.
+    fn granted(
+        &mut self,
+        session: SessionId,
+        name: String,
+        token: FencingToken,
+        slot: u32,
+        grants: &mut Vec<Grant>,
+    ) -> Outcome {
+        self.session_mut(session)?.held.insert(name.clone());
+        grants.push(Grant {
+            name,
+            session,
+            token,
+            slot,
+        });
+        Ok(Reply::Acquired {
+            token,
+            reacquired: false,
+            slot,
+        })
     }
 
     fn release(
@@ -588,4 +567,46 @@ impl LockMachine {
         leader.value = value.into();
         Ok(Reply::Proclaimed)
     }
+}
+
+/// The answer already given to `session` for `name`, if this claim is a retry
+/// of one that took effect (the client could not tell, e.g. across a leader
+/// change): the same answer again, never a second grant or a second place in
+/// the queue. `None` when the session neither holds nor waits for the lock.
+fn earlier_answer(
+    lock: &LockState,
+    name: &str,
+    session: SessionId,
+    mode: Mode,
+    already_queued: bool,
+) -> Option<Outcome> {
+    let in_other_mode = |held: Mode| MachineError::HeldInOtherMode {
+        name: name.to_owned(),
+        mode: held,
+    };
+    if let Some(h) = lock.holder_of(session) {
+        if h.mode != mode {
+            return Some(Err(in_other_mode(h.mode)));
+        }
+        return Some(Ok(Reply::Acquired {
+            token: h.token,
+            reacquired: true,
+            slot: h.slot,
+        }));
+    }
+    if !already_queued {
+        return None;
+    }
+    let (position, w) = lock
+        .waiters
+        .iter()
+        .enumerate()
+        .find(|(_, w)| w.session == session)
+        .expect("session mirror says it is queued");
+    if w.mode != mode {
+        return Some(Err(in_other_mode(w.mode)));
+    }
+    Some(Ok(Reply::Queued {
+        position: position + 1,
+    }))
 }
