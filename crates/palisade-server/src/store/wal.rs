@@ -46,7 +46,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::io::{DiskFile, DiskLock, Io, OpenMode};
+use crate::io::{Disk, DiskFile, DiskLock, Io, OpenMode};
 
 /// The first bytes of every segment; the last byte is the format version.
 const MAGIC: &[u8; 8] = b"PLSDWAL\x02";
@@ -301,6 +301,153 @@ fn zero_filled(io: &Io, path: &Path, len: u64) -> io::Result<Arc<dyn DiskFile>> 
     Ok(file)
 }
 
+/// The sequence numbers of the segments in `dir`, in order. A `.tmp` segment
+/// (its header never reached the disk, so it was never used) is removed.
+fn segment_seqs(disk: &dyn Disk, dir: &Path) -> io::Result<Vec<u64>> {
+    let mut seqs = Vec::new();
+    for name in disk.list(dir)? {
+        if name.ends_with(".tmp") {
+            // A segment whose header never reached the disk: never used.
+            disk.remove_file(&dir.join(&name))?;
+        } else if let Some(seq) = name.strip_suffix(".wal") {
+            let seq = seq
+                .parse::<u64>()
+                .map_err(|_| invalid(format!("unexpected file {name} in {}", dir.display())))?;
+            seqs.push(seq);
+        }
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+/// What the segments hold, read in order.
+struct Recovered {
+    /// Every record of a batch whose commit was read, in the order written.
+    records: Vec<Record>,
+    segments: VecDeque<Segment>,
+    meta: Meta,
+    /// The highest batch number committed.
+    batch: u64,
+    /// The last segment, where writing goes on; `None` for an empty log.
+    tail: Option<Tail>,
+}
+
+/// The last segment as found on disk.
+struct Tail {
+    path: PathBuf,
+    /// Where the last committed batch ends: writing goes on here.
+    end: u64,
+    len: u64,
+    /// Something other than zeros follows `end`: a batch never acknowledged.
+    dirty: bool,
+}
+
+/// Reads the segments `seqs` of `dir`. A damaged segment other than the last,
+/// or damage in the last one before a batch that was acknowledged, is
+/// corruption and an error; a torn end of the last one is not.
+fn recover(disk: &dyn Disk, dir: &Path, seqs: &[u64]) -> io::Result<Recovered> {
+    let mut records = Vec::new();
+    let mut segments = VecDeque::new();
+    let mut meta = Meta::default();
+    let mut tail = None;
+    let mut batch = 0;
+    for (i, &seq) in seqs.iter().enumerate() {
+        let last = i + 1 == seqs.len();
+        let path = segment_path(dir, seq);
+        let data = disk.read(&path)?;
+        let v1 = data.get(..MAGIC.len()) == Some(MAGIC_V1);
+        if data.get(..MAGIC.len()) != Some(MAGIC) && !v1 {
+            return Err(invalid(format!(
+                "{} is not a Palisade log segment of format {} or 1 (written by \
+                 another version, or corrupt); refusing to start rather than misread it",
+                path.display(),
+                MAGIC[7]
+            )));
+        }
+        let mut max_index = None;
+        let mut pending = Vec::new();
+        let mut pos = MAGIC.len();
+        let mut end = pos;
+        while let Some((read, next)) = read_at(&data, pos) {
+            // In format 1 every record stood alone; now a batch counts
+            // only once its commit is read.
+            let commits = match read {
+                Read::Record(record) => {
+                    pending.push(record);
+                    v1
+                }
+                Read::Commit(n) => {
+                    batch = batch.max(n);
+                    true
+                }
+            };
+            if commits {
+                for record in pending.drain(..) {
+                    if let Record::Entry { index, .. } = record {
+                        max_index = max_index.max(Some(index));
+                    }
+                    meta.note(&record);
+                    records.push(record);
+                }
+                end = next;
+            }
+            pos = next;
+        }
+        let clean_end = pending.is_empty() && data[end..].iter().all(|&b| b == 0);
+        if !last && !clean_end {
+            return Err(invalid(format!(
+                "{}: damaged at byte {end} in a segment that was complete (disk \
+                 corruption); refusing to start",
+                path.display()
+            )));
+        }
+        if last && !clean_end && last_commit_in(&data[end..]).is_some_and(|n| n > batch + 1) {
+            return Err(invalid(format!(
+                "{}: damaged at byte {end}, before batches that were acknowledged \
+                 (disk corruption); refusing to start",
+                path.display()
+            )));
+        }
+        segments.push_back(Segment { seq, max_index });
+        if last {
+            tail = Some(Tail {
+                path,
+                end: end as u64,
+                len: data.len() as u64,
+                dirty: !clean_end,
+            });
+        }
+    }
+    Ok(Recovered {
+        records,
+        segments,
+        meta,
+        batch,
+        tail,
+    })
+}
+
+/// Zeros what follows the last good record of the tail: a batch that was
+/// never acknowledged, which must not be read as records once new ones are
+/// written in front of it.
+fn erase_torn_end(file: &dyn DiskFile, tail: &Tail) -> io::Result<()> {
+    let (end, len) = (tail.end, tail.len);
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = end;
+    while at < len {
+        let n = (len - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    file.sync_data()?;
+    tracing::warn!(
+        segment = %tail.path.display(),
+        at = end,
+        "erased the torn end of the log left by a crash (never acknowledged)"
+    );
+    Ok(())
+}
+
 impl Wal {
     /// Opens the log in `dir` (creating it when empty) and returns every record
     /// still in it, in the order written.
@@ -318,7 +465,7 @@ impl Wal {
     /// # Errors
     /// As [`Wal::open`].
     pub fn open_on(dir: &Path, io: &Io) -> io::Result<(Wal, Vec<Record>)> {
-        let disk = &io.disk;
+        let disk = &*io.disk;
         disk.create_dir_all(dir)?;
         let lock = match disk.lock(&dir.join("LOCK"), b"")? {
             Ok(lock) => lock,
@@ -332,110 +479,20 @@ impl Wal {
                 ));
             }
         };
-        let mut seqs = Vec::new();
-        for name in disk.list(dir)? {
-            if name.ends_with(".tmp") {
-                // A segment whose header never reached the disk: never used.
-                disk.remove_file(&dir.join(&name))?;
-            } else if let Some(seq) = name.strip_suffix(".wal") {
-                let seq = seq
-                    .parse::<u64>()
-                    .map_err(|_| invalid(format!("unexpected file {name} in {}", dir.display())))?;
-                seqs.push(seq);
-            }
-        }
-        seqs.sort_unstable();
-
-        let mut records = Vec::new();
-        let mut segments = VecDeque::new();
-        let mut meta = Meta::default();
-        let mut tail = None;
-        let mut batch = 0;
-        for (i, &seq) in seqs.iter().enumerate() {
-            let last = i + 1 == seqs.len();
-            let path = segment_path(dir, seq);
-            let data = disk.read(&path)?;
-            let v1 = data.get(..MAGIC.len()) == Some(MAGIC_V1);
-            if data.get(..MAGIC.len()) != Some(MAGIC) && !v1 {
-                return Err(invalid(format!(
-                    "{} is not a Palisade log segment of format {} or 1 (written by \
-                     another version, or corrupt); refusing to start rather than misread it",
-                    path.display(),
-                    MAGIC[7]
-                )));
-            }
-            let mut max_index = None;
-            let mut pending = Vec::new();
-            let mut pos = MAGIC.len();
-            let mut end = pos;
-            while let Some((read, next)) = read_at(&data, pos) {
-                // In format 1 every record stood alone; now a batch counts
-                // only once its commit is read.
-                let commits = match read {
-                    Read::Record(record) => {
-                        pending.push(record);
-                        v1
-                    }
-                    Read::Commit(n) => {
-                        batch = batch.max(n);
-                        true
-                    }
-                };
-                if commits {
-                    for record in pending.drain(..) {
-                        if let Record::Entry { index, .. } = record {
-                            max_index = max_index.max(Some(index));
-                        }
-                        meta.note(&record);
-                        records.push(record);
-                    }
-                    end = next;
-                }
-                pos = next;
-            }
-            let clean_end = pending.is_empty() && data[end..].iter().all(|&b| b == 0);
-            if !last && !clean_end {
-                return Err(invalid(format!(
-                    "{}: damaged at byte {end} in a segment that was complete (disk \
-                     corruption); refusing to start",
-                    path.display()
-                )));
-            }
-            if last && !clean_end && last_commit_in(&data[end..]).is_some_and(|n| n > batch + 1) {
-                return Err(invalid(format!(
-                    "{}: damaged at byte {end}, before batches that were acknowledged \
-                     (disk corruption); refusing to start",
-                    path.display()
-                )));
-            }
-            segments.push_back(Segment { seq, max_index });
-            if last {
-                tail = Some((path, end as u64, data.len() as u64, !clean_end));
-            }
-        }
-
+        let Recovered {
+            records,
+            mut segments,
+            meta,
+            batch,
+            tail,
+        } = recover(disk, dir, &segment_seqs(disk, dir)?)?;
         let (file, offset, capacity) = match tail {
-            Some((path, end, len, dirty_tail)) => {
-                let file = disk.open(&path, OpenMode::Existing)?;
-                if dirty_tail {
-                    // What follows the last good record is a batch that was never
-                    // acknowledged; erase it so that it cannot be read as records
-                    // after new ones are written in front of it.
-                    let zeros = vec![0u8; 1 << 20];
-                    let mut at = end;
-                    while at < len {
-                        let n = (len - at).min(zeros.len() as u64) as usize;
-                        file.write_all_at(&zeros[..n], at)?;
-                        at += n as u64;
-                    }
-                    file.sync_data()?;
-                    tracing::warn!(
-                        segment = %path.display(),
-                        at = end,
-                        "erased the torn end of the log left by a crash (never acknowledged)"
-                    );
+            Some(tail) => {
+                let file = disk.open(&tail.path, OpenMode::Existing)?;
+                if tail.dirty {
+                    erase_torn_end(&*file, &tail)?;
                 }
-                (file, end, len)
+                (file, tail.end, tail.len)
             }
             None => {
                 let file = zero_filled(io, &dir.join(SPARE), FIRST_SEGMENT_BYTES)?;
