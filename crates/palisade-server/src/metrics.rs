@@ -158,15 +158,16 @@ const REFUSALS: [&str; 10] = [
 impl ApplyCounters {
     /// Counts one applied entry, given its commands' kinds
     /// ([`Command::kind`]) and what they did.
-    pub fn count_entry(&self, kinds: &[CommandKind], applied: &[Applied]) {
+    pub fn count_entry(&self, applied: &[Applied]) {
         self.entries.inc();
-        self.commands_per_entry.observe(kinds.len() as f64);
+        self.commands_per_entry.observe(applied.len() as f64);
         // Tallied here and added once per entry: a batch of a thousand
         // commands costs a handful of atomic adds.
         let mut by_kind = [0u64; CommandKind::ALL.len()];
         let mut released_by = [0u64; RELEASED_BY.len()];
         let mut grants = 0;
-        for (kind, a) in kinds.iter().zip(applied) {
+        for a in applied {
+            let kind = a.kind;
             by_kind[kind.index()] += 1;
             grants += a.grants.len() as u64;
             match &a.outcome {
@@ -482,9 +483,8 @@ mod tests {
         let mut index = 0;
         let mut apply = |cmds: Vec<Command>| {
             index += 1;
-            let kinds: Vec<_> = cmds.iter().map(Command::kind).collect();
             let applied = machine.apply_batch(index, cmds);
-            counters.count_entry(&kinds, &applied);
+            counters.count_entry(&applied);
             applied
         };
         let create = || Command::CreateSession {

@@ -6,8 +6,8 @@ use std::collections::{BTreeSet, VecDeque};
 use super::MAX_WAITERS_PER_LOCK;
 use super::claim::{Claim, Mode, Shape, check_value};
 use super::command::{
-    Applied, Command, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId, SessionOwner,
-    check_acquire_input, check_session_input,
+    Applied, Command, ConflictKey, DelayedLock, Effect, Grant, Outcome, Reply, SessionId,
+    SessionOwner, check_acquire_input, check_session_input,
 };
 use super::error::MachineError;
 use super::state::{Holder, LockMachine, LockState, SessionState, Waiter};
@@ -73,6 +73,8 @@ impl LockMachine {
                         index,
                         outcome: Err(MachineError::BatchConflict),
                         grants: Vec::new(),
+                        kind: cmd.kind(),
+                        effect: Effect::None,
                     }
                 } else {
                     self.apply_at(index, cmd)
@@ -83,23 +85,31 @@ impl LockMachine {
 
     fn apply_at(&mut self, index: u64, cmd: Command) -> Applied {
         let mut grants = Vec::new();
+        let kind = cmd.kind();
+        let mut effect = Effect::None;
         let outcome = match cmd {
             Command::CreateSession {
                 ttl_ms,
                 label,
                 owner,
-            } => self.create_session(index, ttl_ms, label, owner),
+            } => {
+                let outcome = self.create_session(index, ttl_ms, label, owner);
+                if let Ok(Reply::SessionCreated { session }) = outcome {
+                    effect = Effect::SessionStarted { session, ttl_ms };
+                }
+                outcome
+            }
             Command::CloseSession { session } => {
-                self.end_session(index, session, false, &mut grants)
+                self.end_session(index, session, false, &mut grants, &mut effect)
             }
             Command::ExpireSession { session } => {
-                self.end_session(index, session, true, &mut grants)
+                self.end_session(index, session, true, &mut grants, &mut effect)
             }
             Command::ExpireInBatch { session } => {
                 if self.holds_a_lock_granted_at(session, index) {
                     Err(MachineError::BatchConflict)
                 } else {
-                    self.end_session(index, session, true, &mut grants)
+                    self.end_session(index, session, true, &mut grants, &mut effect)
                 }
             }
             Command::Acquire {
@@ -141,9 +151,25 @@ impl LockMachine {
                 session,
                 name,
                 token,
-            } => self.release(index, session, name, token, &mut grants),
+            } => {
+                let outcome = self.release(index, session, &name, token, &mut grants);
+                if let Err(MachineError::StaleToken { .. } | MachineError::NotHolder { .. }) =
+                    outcome
+                {
+                    effect = Effect::ReleaseRefused {
+                        session,
+                        name,
+                        token,
+                    };
+                }
+                outcome
+            }
             Command::CancelWait { session, name } => {
-                self.cancel_wait(index, session, name, &mut grants)
+                let outcome = self.cancel_wait(index, session, &name, &mut grants);
+                if outcome.is_ok() {
+                    effect = Effect::WaitCancelled { session, name };
+                }
+                outcome
             }
             Command::EndLockDelay { name, since } => {
                 self.end_lock_delay(index, name, since, &mut grants)
@@ -157,6 +183,8 @@ impl LockMachine {
             index,
             outcome,
             grants,
+            kind,
+            effect,
         }
     }
 
@@ -200,7 +228,9 @@ impl LockMachine {
         session: SessionId,
         expired: bool,
         grants: &mut Vec<Grant>,
+        effect: &mut Effect,
     ) -> Outcome {
+        let freed = self.locks_held_by(session);
         let gone = self
             .remove_session(session)
             .ok_or(MachineError::UnknownSession { session })?;
@@ -242,6 +272,11 @@ impl LockMachine {
                 self.grant_ready(index, name, grants);
             }
         }
+        *effect = Effect::SessionEnded {
+            session,
+            expired,
+            freed,
+        };
         Ok(Reply::SessionEnded {
             session,
             released: gone.held.into_iter().collect(),
@@ -446,22 +481,22 @@ impl LockMachine {
         &mut self,
         index: u64,
         session: SessionId,
-        name: String,
+        name: &str,
         token: FencingToken,
         grants: &mut Vec<Grant>,
     ) -> Outcome {
-        validate_name(&name)?;
+        validate_name(name)?;
         // A retry of a release that already committed (its answer was lost,
         // say in a failover): the same answer again, and nothing changes.
-        if self.session_mut(session)?.has_released(&name, token) {
+        if self.session_mut(session)?.has_released(name, token) {
             return Ok(Reply::Released { retried: true });
         }
         let lock = self
             .locks
-            .get_mut(&name)
-            .ok_or_else(|| MachineError::NoSuchLock { name: name.clone() })?;
+            .get_mut(name)
+            .ok_or_else(|| MachineError::NoSuchLock { name: name.into() })?;
         let Some(at) = lock.holders.iter().position(|h| h.session == session) else {
-            return Err(MachineError::NotHolder { name });
+            return Err(MachineError::NotHolder { name: name.into() });
         };
         let held = lock.holders[at].token;
         if held != token {
@@ -474,13 +509,13 @@ impl LockMachine {
         // yet, so this is a guess. Refusing it is what keeps an entry from
         // granting one lock twice (see `ConflictKey`).
         if held.get() == index {
-            return Err(MachineError::NotHolder { name });
+            return Err(MachineError::NotHolder { name: name.into() });
         }
         lock.holders.remove(at);
         let s = self.session_mut(session)?;
-        s.held.remove(&name);
-        s.remember_release(name.clone(), token);
-        self.grant_ready(index, &name, grants);
+        s.held.remove(name);
+        s.remember_release(name.to_owned(), token);
+        self.grant_ready(index, name, grants);
         Ok(Reply::Released { retried: false })
     }
 
@@ -488,27 +523,27 @@ impl LockMachine {
         &mut self,
         index: u64,
         session: SessionId,
-        name: String,
+        name: &str,
         grants: &mut Vec<Grant>,
     ) -> Outcome {
-        validate_name(&name)?;
+        validate_name(name)?;
         let s = self.session_mut(session)?;
-        if !s.waiting.remove(&name) {
-            let holder = self.locks.get(&name).and_then(|l| l.holder_of(session));
+        if !s.waiting.remove(name) {
+            let holder = self.locks.get(name).and_then(|l| l.holder_of(session));
             return match holder {
                 Some(h) => Err(MachineError::AlreadyGranted { token: h.token }),
-                None => Err(MachineError::NotWaiting { name }),
+                None => Err(MachineError::NotWaiting { name: name.into() }),
             };
         }
         let lock = self
             .locks
-            .get_mut(&name)
+            .get_mut(name)
             .expect("a session waits only on existing locks");
         lock.waiters.retain(|w| w.session != session);
         // For a mutex, a semaphore or an election this grants nothing: whoever
         // is now first did not fit before either. Readers queued behind a writer
         // that gave up may fit beside the readers holding the lock.
-        self.grant_ready(index, &name, grants);
+        self.grant_ready(index, name, grants);
         Ok(Reply::WaitCancelled)
     }
 

@@ -382,13 +382,67 @@ pub struct Applied {
     /// notifies each grantee from this list, so no client ever polls. Empty when the
     /// outcome is an error.
     pub grants: Vec<Grant>,
+    /// Which command this answers (what metrics count it as).
+    pub kind: CommandKind,
+    /// What the server has to act on besides the reply and the grants.
+    pub effect: Effect,
+}
+
+/// What applying a command did that the server acts on besides answering and
+/// handing out [`Applied::grants`]: the lease keeper's timers, the waiters it
+/// wakes, the logs and the status page. Typed, so a consumer matches on it
+/// rather than reading the command back beside the reply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Effect {
+    /// Nothing besides the reply and the grants (every refusal but a
+    /// release's).
+    #[default]
+    None,
+    /// A session began: every node starts its lease of `ttl_ms`.
+    SessionStarted {
+        /// The new session.
+        session: SessionId,
+        /// Its lease.
+        ttl_ms: u64,
+    },
+    /// A session ended, closed by its owner or `expired`, and freed `freed`
+    /// (each lock it held, with the token it held it by). The locks that
+    /// entered lock-delay are in the reply.
+    SessionEnded {
+        /// The session.
+        session: SessionId,
+        /// It ended because its lease ran out, not by a close.
+        expired: bool,
+        /// What it held when it ended.
+        freed: Vec<Grant>,
+    },
+    /// A waiter left the queue of `name`: its blocked call is answered now.
+    WaitCancelled {
+        /// The session that waited.
+        session: SessionId,
+        /// The lock it waited for.
+        name: String,
+    },
+    /// A release was refused ([`MachineError::StaleToken`] or
+    /// [`MachineError::NotHolder`]): worth a line in the log, since it is
+    /// usually a delayed duplicate or a client that lost its lease.
+    ReleaseRefused {
+        /// Who asked.
+        session: SessionId,
+        /// The lock named.
+        name: String,
+        /// The token presented.
+        #[serde(with = "super::wire::token")]
+        token: FencingToken,
+    },
 }
 
 /// The kinds of [`Command`], one per variant, in a fixed order: counters kept
 /// per kind live in an array indexed by [`CommandKind::index`], so a command
 /// added to the machine needs a kind here ([`Command::kind`] is an exhaustive
 /// match) and is then counted without anything else to remember.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CommandKind {
     /// [`Command::CreateSession`].
     CreateSession,

@@ -63,8 +63,8 @@ mod tests;
 
 pub use claim::{Claim, MAX_VALUE_LEN, Mode, RecipeBugs, Shape};
 pub use command::{
-    Applied, Command, CommandKind, ConflictKey, DelayedLock, Grant, Outcome, Reply, SessionId,
-    SessionOwner,
+    Applied, Command, CommandKind, ConflictKey, DelayedLock, Effect, Grant, Outcome, Reply,
+    SessionId, SessionOwner,
 };
 pub use error::{InvariantViolation, MachineError, SnapshotError};
 pub use state::{LockMachine, RELEASES_REMEMBERED};

@@ -18,7 +18,7 @@ use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{OptionalSend, RaftSnapshotBuilder};
 use palisade_core::FencingToken;
 use palisade_core::machine::{
-    Applied, Command, CommandKind, Grant, LockMachine, MachineError, Reply, SessionId,
+    Applied, CommandKind, DelayedLock, Effect, Grant, LockMachine, Reply, SessionId,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -368,85 +368,36 @@ impl StateMachineStore {
                 EntryResponse::Raft
             }
             EntryPayload::Normal(Commands(cmds)) => {
-                *sessions_changed |= cmds.iter().any(|cmd| {
-                    matches!(
-                        cmd,
-                        Command::CreateSession { .. }
-                            | Command::CloseSession { .. }
-                            | Command::ExpireSession { .. }
-                            | Command::ExpireInBatch { .. }
-                            | Command::EndLockDelay { .. }
-                    )
-                });
-                // The TTL is in the command, the id in the reply.
-                let ttls: Vec<Option<u64>> = cmds
-                    .iter()
-                    .map(|cmd| match cmd {
-                        Command::CreateSession { ttl_ms, .. } => Some(*ttl_ms),
-                        _ => None,
-                    })
-                    .collect();
-                // A cancelled wait's call is answered at once (see `cancel_waiter`).
-                let cancels: Vec<Option<(SessionId, String)>> = cmds
-                    .iter()
-                    .map(|cmd| match cmd {
-                        Command::CancelWait { session, name } => Some((*session, name.clone())),
-                        _ => None,
-                    })
-                    .collect();
-                let kinds: Vec<CommandKind> = cmds.iter().map(Command::kind).collect();
-                // What an expiring session holds, so its expiry can be logged
-                // with each lock's token (the reply names the locks only).
-                let expiring: Vec<Vec<Grant>> =
-                    cmds.iter()
-                        .map(|cmd| match cmd {
-                            Command::ExpireSession { session }
-                            | Command::ExpireInBatch { session } => machine.locks_held_by(*session),
-                            _ => Vec::new(),
-                        })
-                        .collect();
-                let releases: Vec<Option<(SessionId, String, FencingToken)>> = cmds
-                    .iter()
-                    .map(|cmd| match cmd {
-                        Command::Release {
-                            session,
-                            name,
-                            token,
-                        } => Some((*session, name.clone(), *token)),
-                        _ => None,
-                    })
-                    .collect();
                 let applied = machine.apply_batch(index, cmds);
-                self.counters.count_entry(&kinds, &applied);
-                self.note_expiries_and_refusals(&kinds, &expiring, &releases, &applied);
+                *sessions_changed |= applied.iter().any(|a| wakes_lease_keeper(a.kind));
+                self.counters.count_entry(&applied);
+                self.note_expiries_and_refusals(&applied);
                 let mut events = Vec::new();
-                for (i, a) in applied.iter().enumerate() {
-                    if let (Ok(_), Some(Some((session, name)))) = (&a.outcome, cancels.get(i)) {
-                        self.shared.cancel_waiter(*session, name, index);
-                    }
-                    match &a.outcome {
-                        Ok(Reply::SessionCreated { session }) => {
-                            if let Some(Some(ttl_ms)) = ttls.get(i) {
-                                events.push(LeaseEvent::SessionCreated {
-                                    session: *session,
-                                    ttl: std::time::Duration::from_millis(*ttl_ms),
-                                });
-                            }
+                for a in &applied {
+                    match &a.effect {
+                        Effect::SessionStarted { session, ttl_ms } => {
+                            events.push(LeaseEvent::SessionCreated {
+                                session: *session,
+                                ttl: Duration::from_millis(*ttl_ms),
+                            });
                         }
-                        Ok(Reply::SessionEnded {
-                            session,
-                            lock_delay,
-                            ..
-                        }) => {
+                        Effect::SessionEnded { session, .. } => {
                             self.shared.drop_session_waiters(*session);
                             events.push(LeaseEvent::SessionEnded { session: *session });
-                            events.extend(lock_delay.iter().map(|d| LeaseEvent::DelayStarted {
-                                name: d.name.clone(),
-                                since: a.index,
-                                length: std::time::Duration::from_millis(d.lock_delay_ms),
+                            events.extend(lock_delays(a).iter().map(|d| {
+                                LeaseEvent::DelayStarted {
+                                    name: d.name.clone(),
+                                    since: a.index,
+                                    length: Duration::from_millis(d.lock_delay_ms),
+                                }
                             }));
                         }
-                        _ => {}
+                        // A cancelled wait's call is answered at once (see
+                        // `cancel_waiter`).
+                        Effect::WaitCancelled { session, name } => {
+                            self.shared.cancel_waiter(*session, name, index);
+                        }
+                        Effect::ReleaseRefused { .. } | Effect::None => {}
                     }
                     self.shared.deliver(&a.grants);
                 }
@@ -463,30 +414,47 @@ impl StateMachineStore {
     }
 }
 
+/// Whether the lease keeper rescans after an entry of this kind: the
+/// sessions or the lock-delays changed. Exhaustive, so a new kind must say.
+fn wakes_lease_keeper(kind: CommandKind) -> bool {
+    match kind {
+        CommandKind::CreateSession
+        | CommandKind::CloseSession
+        | CommandKind::ExpireSession
+        | CommandKind::ExpireInBatch
+        | CommandKind::EndLockDelay => true,
+        CommandKind::Acquire
+        | CommandKind::Claim
+        | CommandKind::Proclaim
+        | CommandKind::Release
+        | CommandKind::CancelWait => false,
+    }
+}
+
+/// The locks that entered lock-delay when the session of `a` ended.
+fn lock_delays(a: &Applied) -> &[DelayedLock] {
+    match &a.outcome {
+        Ok(Reply::SessionEnded { lock_delay, .. }) => lock_delay,
+        _ => &[],
+    }
+}
+
 impl StateMachineStore {
     /// Logs (and remembers for the status page) every lease expiry with each
     /// lock and token it freed, every lock-delay started, and every release
     /// refused for a stale or foreign token.
-    fn note_expiries_and_refusals(
-        &self,
-        kinds: &[CommandKind],
-        expiring: &[Vec<Grant>],
-        releases: &[Option<(SessionId, String, FencingToken)>],
-        applied: &[Applied],
-    ) {
+    fn note_expiries_and_refusals(&self, applied: &[Applied]) {
         let mut events = Vec::new();
         let at_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        for (i, a) in applied.iter().enumerate() {
-            let expired = kinds.get(i).is_some_and(|k| k.is_expiry());
-            match &a.outcome {
-                Ok(Reply::SessionEnded {
+        for a in applied {
+            match &a.effect {
+                Effect::SessionEnded {
                     session,
-                    lock_delay,
-                    ..
-                }) if expired => {
-                    let held = expiring.get(i).map_or(&[][..], Vec::as_slice);
+                    expired: true,
+                    freed: held,
+                } => {
                     if held.is_empty() {
                         tracing::info!(session = session.0, index = a.index, "lease expired");
                     }
@@ -512,7 +480,7 @@ impl StateMachineStore {
                         );
                         events.push(event(Some(g)));
                     }
-                    for d in lock_delay {
+                    for d in lock_delays(a) {
                         tracing::info!(
                             session = session.0,
                             lock = %d.name,
@@ -531,16 +499,19 @@ impl StateMachineStore {
                         });
                     }
                 }
-                Err(e @ (MachineError::StaleToken { .. } | MachineError::NotHolder { .. })) => {
-                    if let Some(Some((session, name, token))) = releases.get(i) {
-                        tracing::info!(
-                            session = session.0,
-                            lock = %name,
-                            token = token.get(),
-                            reason = %e,
-                            "release refused"
-                        );
-                    }
+                Effect::ReleaseRefused {
+                    session,
+                    name,
+                    token,
+                } => {
+                    let reason = a.outcome.as_ref().err().map(ToString::to_string);
+                    tracing::info!(
+                        session = session.0,
+                        lock = %name,
+                        token = token.get(),
+                        reason = reason.as_deref().unwrap_or(""),
+                        "release refused"
+                    );
                 }
                 _ => {}
             }

@@ -1085,3 +1085,74 @@ fn sessions_are_counted_per_owner_through_close_expiry_and_snapshots() {
     broken.sessions_per_owner.insert("alice".into(), 5);
     assert!(broken.check_invariants().is_err());
 }
+
+#[test]
+fn each_command_says_what_it_did_as_a_typed_effect() {
+    let mut h = Harness::new();
+    let created = h.apply(create(7_000, "a"));
+    let Ok(Reply::SessionCreated { session: a }) = created.outcome else {
+        panic!("{created:?}")
+    };
+    assert_eq!(created.kind, CommandKind::CreateSession);
+    assert_eq!(
+        created.effect,
+        Effect::SessionStarted {
+            session: a,
+            ttl_ms: 7_000
+        }
+    );
+    let b = h.session();
+    let got = h.apply(acquire(a, "db", false, 0));
+    assert_eq!((got.kind, &got.effect), (CommandKind::Acquire, &Effect::None));
+    let token = acquired(&got);
+    assert_eq!(h.apply(acquire(b, "db", true, 0)).effect, Effect::None);
+
+    // A refused release names who asked, what and with which token; a refusal
+    // of another kind has no effect.
+    let stale = h.apply(release(a, "db", tok(token.get() - 1)));
+    assert_eq!(
+        stale.effect,
+        Effect::ReleaseRefused {
+            session: a,
+            name: "db".into(),
+            token: tok(token.get() - 1)
+        }
+    );
+    assert_eq!(h.apply(release(a, "nothing", token)).effect, Effect::None);
+
+    let cancelled = h.apply(cancel(b, "db"));
+    assert_eq!(
+        cancelled.effect,
+        Effect::WaitCancelled {
+            session: b,
+            name: "db".into()
+        }
+    );
+    assert_eq!(h.apply(cancel(b, "db")).effect, Effect::None);
+
+    // An expiry frees what the session held, with its token.
+    let expired = h.apply(Command::ExpireSession { session: a });
+    assert_eq!(expired.kind, CommandKind::ExpireSession);
+    assert_eq!(
+        expired.effect,
+        Effect::SessionEnded {
+            session: a,
+            expired: true,
+            freed: vec![Grant {
+                name: "db".into(),
+                session: a,
+                token,
+                slot: 0
+            }]
+        }
+    );
+    let closed = h.apply(Command::CloseSession { session: b });
+    assert_eq!(
+        closed.effect,
+        Effect::SessionEnded {
+            session: b,
+            expired: false,
+            freed: Vec::new()
+        }
+    );
+}
