@@ -69,6 +69,18 @@ struct BackendFacts {
     lease_on: &'static str,
     token: Option<&'static str>,
     clocks: &'static str,
+    /// What `palisade review` can ask of the running deployment.
+    deployment: Deployment,
+}
+
+/// Whose deployment `palisade review` knows how to question.
+enum Deployment {
+    /// Each Redis node's role, replicas, host, persistence and uptime.
+    Redis,
+    /// The Palisade cluster's members, leader and health.
+    Palisade,
+    /// Not asked: the backend's own tools know its members.
+    NotAsked,
 }
 
 /// A correctness backend's facts from its descriptor; Redis and Redlock
@@ -85,6 +97,7 @@ fn facts(scheme: &str, nodes: usize) -> Option<BackendFacts> {
             lease_on: "each Redis server's wall clock (the key's PX expiry); the client's validity on its monotonic clock, minus a drift allowance",
             token: None,
             clocks: "yes: bounded clock drift, pauses and network delays are assumed",
+            deployment: Deployment::Redis,
         });
     }
     let backend = crate::backends::by_scheme(scheme)?;
@@ -95,6 +108,11 @@ fn facts(scheme: &str, nodes: usize) -> Option<BackendFacts> {
         lease_on: f.lease_on,
         token: Some(f.token),
         clocks: f.clocks,
+        deployment: if std::ptr::eq(backend, &palisade_client::DESCRIPTOR) {
+            Deployment::Palisade
+        } else {
+            Deployment::NotAsked
+        },
     })
 }
 
@@ -107,21 +125,7 @@ pub async fn review(input: &ReviewInput) -> Review {
         .backend
         .split_once("://")
         .unwrap_or((input.backend.as_str(), ""));
-    let redis_nodes: Vec<String> = if scheme == "redis" {
-        input
-            .backend
-            .split(',')
-            .map(|u| {
-                if u.contains("://") {
-                    u.to_owned()
-                } else {
-                    format!("redis://{u}")
-                }
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let redis_nodes = redis_nodes(input, scheme);
     let need = match input.need {
         Need::Efficiency => "efficiency (a double holder costs duplicated work)",
         Need::Correctness => "correctness (a double holder corrupts state)",
@@ -141,8 +145,71 @@ pub async fn review(input: &ReviewInput) -> Review {
         };
     };
 
-    // The lock.
-    md.push_str("## The lock\n\n| fact | value |\n|---|---|\n");
+    md.push_str(&lock_table(&f, input));
+
+    // Deployment: asked of the running systems.
+    md.push_str("## Deployment\n\n");
+    match f.deployment {
+        Deployment::Redis => {
+            redis_facts(&redis_nodes, input, &mut md, &mut failures, &mut unknown).await;
+        }
+        Deployment::Palisade => palisade_facts(rest, input, &mut md, &mut unknown).await,
+        Deployment::NotAsked => md.push_str(&format!(
+            "Not asked: `palisade review` does not query the deployment of {}; check its \
+             members and their health with its own tools.\n\n",
+            f.name
+        )),
+    }
+
+    // The resource.
+    md.push_str("## The resource\n\n");
+    let fenced = resource_facts(input, &mut md, &mut unknown).await;
+
+    // The drills.
+    md.push_str("## Fault drills\n\n");
+    drill_facts(
+        input.drills.as_deref(),
+        f.drill_name,
+        &mut md,
+        &mut failures,
+        &mut unknown,
+    );
+
+    if input.need == Need::Correctness {
+        failures.extend(correctness_failures(&f, fenced));
+    }
+    md.push_str(INVARIANTS);
+    md.push_str(&verdict(&failures, &unknown));
+    Review {
+        markdown: md,
+        failures,
+        unknown,
+    }
+}
+
+/// The URLs of a `redis://` backend's nodes (several: Redlock); empty for any
+/// other scheme.
+fn redis_nodes(input: &ReviewInput, scheme: &str) -> Vec<String> {
+    if scheme != "redis" {
+        return Vec::new();
+    }
+    input
+        .backend
+        .split(',')
+        .map(|u| {
+            if u.contains("://") {
+                u.to_owned()
+            } else {
+                format!("redis://{u}")
+            }
+        })
+        .collect()
+}
+
+/// The section on the lock itself: what its lease is measured on, its token,
+/// its clocks, and what the TTL gives.
+fn lock_table(f: &BackendFacts, input: &ReviewInput) -> String {
+    let mut md = String::from("## The lock\n\n| fact | value |\n|---|---|\n");
     md.push_str(&format!("| backend | {} |\n", f.name));
     md.push_str(&format!("| lease measured on | {} |\n", f.lease_on));
     md.push_str(&format!(
@@ -174,71 +241,41 @@ pub async fn review(input: &ReviewInput) -> Review {
         }
     }
     md.push('\n');
-
-    // Deployment: asked of the running systems.
-    md.push_str("## Deployment\n\n");
-    match scheme {
-        "redis" => {
-            redis_facts(&redis_nodes, input, &mut md, &mut failures, &mut unknown).await;
-        }
-        "palisade" => palisade_facts(rest, input, &mut md, &mut unknown).await,
-        _ => md.push_str(&format!(
-            "Not asked: `palisade review` does not query the deployment of {}; check its \
-             members and their health with its own tools.\n\n",
-            f.name
-        )),
-    }
-
-    // The resource.
-    md.push_str("## The resource\n\n");
-    let fenced = resource_facts(input, &mut md, &mut unknown).await;
-
-    // The drills.
-    md.push_str("## Fault drills\n\n");
-    drill_facts(
-        input.drills.as_deref(),
-        f.drill_name,
-        &mut md,
-        &mut failures,
-        &mut unknown,
-    );
-
-    // The verdict.
-    match input.need {
-        Need::Correctness => {
-            if f.token.is_none() {
-                failures.push(format!(
-                    "{} issues no fencing token: a holder that pauses past its lease, or a \
-                     delayed write, corrupts the resource — use a correctness lock (palisade, \
-                     etcd, zk, postgres) and a resource that checks its token",
-                    f.name
-                ));
-            }
-            match fenced {
-                Some(true) => {}
-                Some(false) => failures.push(
-                    "the resource does not check fencing tokens: a stale holder's write is accepted".into(),
-                ),
-                None => failures.push(
-                    "the resource's fencing could not be confirmed (name a fence store with --resource)".into(),
-                ),
-            }
-        }
-        Need::Efficiency => {}
-    }
-    md.push_str("## Invariants and fault model\n\n");
-    md.push_str(
-        "- At most one holder *believes* it holds the lock only while pauses, network delays and clock drift stay within the lease; beyond that, only a fencing token checked by the resource keeps writes ordered.\n\
-         - Fault model of the drills: process pauses (SIGSTOP), `kill -9`, partitions and delays through a fault proxy, clock jumps, a replica promoted in a master's place.\n\
-         - Fencing tokens only grow per lock; the resource must refuse any token lower than the highest it has accepted.\n\n",
-    );
-    md.push_str(&verdict(&failures, &unknown));
-    Review {
-        markdown: md,
-        failures,
-        unknown,
-    }
+    md
 }
+
+/// Why a lock with facts `f` in front of a resource that is `fenced` (or not
+/// known to be) does not serve correctness.
+fn correctness_failures(f: &BackendFacts, fenced: Option<bool>) -> Vec<String> {
+    let mut failures = Vec::new();
+    if f.token.is_none() {
+        failures.push(format!(
+            "{} issues no fencing token: a holder that pauses past its lease, or a \
+             delayed write, corrupts the resource — use a correctness lock (palisade, \
+             etcd, zk, postgres) and a resource that checks its token",
+            f.name
+        ));
+    }
+    match fenced {
+        Some(true) => {}
+        Some(false) => failures.push(
+            "the resource does not check fencing tokens: a stale holder's write is accepted".into(),
+        ),
+        None => failures.push(
+            "the resource's fencing could not be confirmed (name a fence store with --resource)"
+                .into(),
+        ),
+    }
+    failures
+}
+
+/// What every record says of the guarantees and the drills' fault model.
+const INVARIANTS: &str = concat!(
+    "## Invariants and fault model\n\n",
+    "- At most one holder *believes* it holds the lock only while pauses, network delays and clock drift stay within the lease; beyond that, only a fencing token checked by the resource keeps writes ordered.\n\
+     - Fault model of the drills: process pauses (SIGSTOP), `kill -9`, partitions and delays through a fault proxy, clock jumps, a replica promoted in a master's place.\n\
+     - Fencing tokens only grow per lock; the resource must refuse any token lower than the highest it has accepted.\n\n"
+);
 
 fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())

@@ -360,28 +360,9 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
             key: a.tls_key.clone().expect("clap requires it"),
             ca: a.tls_ca.clone().expect("clap requires it"),
         });
-    if a.metrics_open
-        && let Some(addr) = a.metrics_listen.filter(|m| !m.ip().is_loopback())
-    {
-        eprintln!(
-            "palisade: refusing --metrics-open on {addr}: the status page names locks and \
-             holders, so an unauthenticated listener must be loopback. Drop --metrics-open \
-             (scrape over HTTPS with a read identity) or listen on 127.0.0.1."
-        );
+    if let Some(refusal) = exposure_refused(&a, listen_peer, tls.is_some()) {
+        eprintln!("palisade: {refusal}");
         return Ok(exit::USAGE);
-    }
-    if tls.is_none() && !a.insecure {
-        for addr in [a.listen, listen_peer].into_iter().chain(a.metrics_listen) {
-            if !addr.ip().is_loopback() {
-                eprintln!(
-                    "palisade: refusing to serve plaintext on {addr}: anyone who reaches it could \
-                     forge Raft messages and release others' locks.\n\
-                     Give --tls-cert/--tls-key/--tls-ca (`palisade certs init DIR` makes them), \
-                     or --insecure if this network is trusted."
-                );
-                return Ok(exit::USAGE);
-            }
-        }
     }
     let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
     let advertise_peer = a
@@ -397,18 +378,7 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
         security: palisade_server::security::SecurityConfig {
             tls,
             policy: a.auth.clone(),
-            limits: palisade_server::security::conn::Limits {
-                max_connections: a.max_connections.max(1),
-                idle_timeout: a.idle_timeout.max(Duration::from_secs(1)),
-                max_calls_per_identity: a.max_calls_per_identity.max(1),
-                max_sessions_per_identity: a.max_sessions_per_identity.max(1),
-                // A client that cannot finish a handshake in the idle time is idle.
-                handshake_timeout: a
-                    .idle_timeout
-                    .clamp(Duration::from_secs(1), Duration::from_secs(10)),
-                max_handshakes: a.max_handshakes.max(1),
-                max_handshakes_per_ip: a.max_handshakes_per_ip.max(1),
-            },
+            limits: connection_limits(&a),
         },
         data_dir: a.data_dir.clone(),
         initial_cluster,
@@ -419,7 +389,71 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
     };
     // Said only once the ports are bound and the data directory is ours: a
     // node that cannot start says why and nothing else.
-    let serving = format!(
+    let serving = serving_line(&a, listen_peer);
+    let served = palisade_server::run_until(config, crate::child::interrupted(), move || {
+        eprintln!("{serving}");
+    })
+    .await;
+    match served {
+        Ok(()) => Ok(0),
+        // A configuration that cannot work is bad input, like a bad flag.
+        Err(e @ palisade_server::ServerError::Config(_)) => {
+            eprintln!("palisade: {e}");
+            Ok(exit::USAGE)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Why `a` would expose what it must not: an unauthenticated metrics
+/// listener off loopback, or plaintext off loopback without `--insecure`.
+fn exposure_refused(a: &ServeArgs, listen_peer: SocketAddr, tls: bool) -> Option<String> {
+    if a.metrics_open
+        && let Some(addr) = a.metrics_listen.filter(|m| !m.ip().is_loopback())
+    {
+        return Some(format!(
+            "refusing --metrics-open on {addr}: the status page names locks and \
+             holders, so an unauthenticated listener must be loopback. Drop --metrics-open \
+             (scrape over HTTPS with a read identity) or listen on 127.0.0.1."
+        ));
+    }
+    if tls || a.insecure {
+        return None;
+    }
+    [a.listen, listen_peer]
+        .into_iter()
+        .chain(a.metrics_listen)
+        .find(|addr| !addr.ip().is_loopback())
+        .map(|addr| {
+            format!(
+                "refusing to serve plaintext on {addr}: anyone who reaches it could \
+                 forge Raft messages and release others' locks.\n\
+                 Give --tls-cert/--tls-key/--tls-ca (`palisade certs init DIR` makes them), \
+                 or --insecure if this network is trusted."
+            )
+        })
+}
+
+/// The connection limits `a` asks for, each at least 1 (of its unit).
+fn connection_limits(a: &ServeArgs) -> palisade_server::security::conn::Limits {
+    palisade_server::security::conn::Limits {
+        max_connections: a.max_connections.max(1),
+        idle_timeout: a.idle_timeout.max(Duration::from_secs(1)),
+        max_calls_per_identity: a.max_calls_per_identity.max(1),
+        max_sessions_per_identity: a.max_sessions_per_identity.max(1),
+        // A client that cannot finish a handshake in the idle time is idle.
+        handshake_timeout: a
+            .idle_timeout
+            .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+        max_handshakes: a.max_handshakes.max(1),
+        max_handshakes_per_ip: a.max_handshakes_per_ip.max(1),
+    }
+}
+
+/// What a node says once its ports are bound and its data directory is its
+/// own.
+fn serving_line(a: &ServeArgs, listen_peer: SocketAddr) -> String {
+    format!(
         "palisade: node {} serving clients on {} and peers on {}{} (data in {}){}",
         a.id,
         a.listen,
@@ -440,20 +474,7 @@ pub async fn serve(a: ServeArgs) -> Result<i32> {
                 format!("; metrics at {scheme}://{m}/metrics")
             })
             .unwrap_or_default()
-    );
-    let served = palisade_server::run_until(config, crate::child::interrupted(), move || {
-        eprintln!("{serving}");
-    })
-    .await;
-    match served {
-        Ok(()) => Ok(0),
-        // A configuration that cannot work is bad input, like a bad flag.
-        Err(e @ palisade_server::ServerError::Config(_)) => {
-            eprintln!("palisade: {e}");
-            Ok(exit::USAGE)
-        }
-        Err(e) => Err(e.into()),
-    }
+    )
 }
 
 /// Runs CMD holding the lock, on whichever backend `--backend` names (default:
@@ -553,26 +574,9 @@ async fn hold(a: LockArgs, claim: Claim) -> Result<i32> {
         eprintln!("palisade: {e}");
         Ok(exit::USAGE)
     };
-    let url: BackendUrl = match &a.backend {
-        Some(url) => match url.parse() {
-            Ok(u) => u,
-            Err(e) => return usage(&e),
-        },
-        None => BackendUrl {
-            scheme: "palisade".into(),
-            rest: a.endpoints.endpoints.join(","),
-        },
-    };
-    let (tls, bearer_token) = match a.endpoints.credentials() {
-        Ok(c) => c,
+    let (url, spec) = match session_for(&a) {
+        Ok(pair) => pair,
         Err(e) => return usage(&e),
-    };
-    let spec = SessionSpec {
-        ttl: a.ttl,
-        tls: tls.map(Into::into),
-        bearer_token,
-        retry_for: Some(a.endpoints.retry_for),
-        ..SessionSpec::default()
     };
     let options = LockOptions {
         wait: a.wait,
@@ -606,43 +610,20 @@ async fn hold(a: LockArgs, claim: Claim) -> Result<i32> {
             if e == LockError::GrantTooLate {
                 safety.grant_too_late();
             }
-            let hint = match &e {
-                // The hints are about a Palisade cluster.
-                LockError::Unavailable { backend, why, .. }
-                    if *backend == palisade_client::DESCRIPTOR.name =>
-                {
-                    unreachable_hint(*why)
-                }
-                _ => "",
-            };
+            let hint = not_obtained_hint(&e);
             eprintln!("palisade: lock {:?} not obtained: {e}{hint}", a.name);
             write_safety(a.metrics_file.as_deref(), &safety);
             return Ok(exit::NOT_OBTAINED);
         }
     };
-    let how = match &claim {
-        Claim::Lock => String::new(),
-        Claim::Permit { permits } => format!(" as permit {} of {permits}", lease.slot()),
-        Claim::Read => " as a reader".to_owned(),
-        Claim::Write => " as the writer".to_owned(),
-        Claim::Lead { value } => format!(" as leader (value {value:?})"),
-    };
     eprintln!(
-        "palisade: holding {:?}{how} with fencing token {} ({} backend)",
+        "palisade: holding {:?}{} with fencing token {} ({} backend)",
         a.name,
+        held_as(&claim, &*lease),
         lease.token(),
         locks.backend()
     );
-    let mut env = vec![
-        ("PALISADE_LOCK".to_owned(), a.name.clone()),
-        (
-            "PALISADE_FENCING_TOKEN".to_owned(),
-            lease.token().to_string(),
-        ),
-    ];
-    if let Claim::Permit { .. } = claim {
-        env.push(("PALISADE_PERMIT_SLOT".to_owned(), lease.slot().to_string()));
-    }
+    let env = holder_env(&a.name, &claim, &*lease);
     let lost = lease.lost();
     let ended = run_holding(
         &a.command,
@@ -683,6 +664,72 @@ async fn hold(a: LockArgs, claim: Claim) -> Result<i32> {
     let _ = tokio::time::timeout(Duration::from_secs(2), locks.close()).await;
     write_safety(a.metrics_file.as_deref(), &safety);
     Ok(outcome)
+}
+
+/// The backend and the session `a` asks for.
+fn session_for(a: &LockArgs) -> Result<(BackendUrl, SessionSpec), String> {
+    let url: BackendUrl = match &a.backend {
+        Some(url) => url.parse().map_err(|e| format!("{e}"))?,
+        None => BackendUrl {
+            scheme: "palisade".into(),
+            rest: a.endpoints.endpoints.join(","),
+        },
+    };
+    let (tls, bearer_token) = a.endpoints.credentials().map_err(|e| format!("{e}"))?;
+    let spec = SessionSpec {
+        ttl: a.ttl,
+        tls: tls.map(Into::into),
+        bearer_token,
+        retry_for: Some(a.endpoints.retry_for),
+        ..SessionSpec::default()
+    };
+    Ok((url, spec))
+}
+
+/// What the CLI adds to a lock not obtained: hints about a Palisade cluster
+/// that cannot be reached, nothing for other backends or errors.
+fn not_obtained_hint(e: &LockError) -> &'static str {
+    match e {
+        // The hints are about a Palisade cluster.
+        LockError::Unavailable { backend, why, .. }
+            if *backend == palisade_client::DESCRIPTOR.name =>
+        {
+            unreachable_hint(*why)
+        }
+        _ => "",
+    }
+}
+
+/// How `lease` holds its lock, as the "holding" line says it: nothing for a
+/// plain lock.
+fn held_as(claim: &Claim, lease: &dyn palisade_core::FencedLease) -> String {
+    match claim {
+        Claim::Lock => String::new(),
+        Claim::Permit { permits } => format!(" as permit {} of {permits}", lease.slot()),
+        Claim::Read => " as a reader".to_owned(),
+        Claim::Write => " as the writer".to_owned(),
+        Claim::Lead { value } => format!(" as leader (value {value:?})"),
+    }
+}
+
+/// The environment the command runs with: the lock, its token, and a
+/// permit's slot.
+fn holder_env(
+    name: &str,
+    claim: &Claim,
+    lease: &dyn palisade_core::FencedLease,
+) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("PALISADE_LOCK".to_owned(), name.to_owned()),
+        (
+            "PALISADE_FENCING_TOKEN".to_owned(),
+            lease.token().to_string(),
+        ),
+    ];
+    if let Claim::Permit { .. } = claim {
+        env.push(("PALISADE_PERMIT_SLOT".to_owned(), lease.slot().to_string()));
+    }
+    env
 }
 
 /// Writes the lock-safety figures to `path` whole or not at all (a temporary
