@@ -1015,6 +1015,132 @@ async fn a_waiting_acquire_outlasts_the_idle_timeout() {
     assert!(granted > first);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_past_its_calls_in_flight_is_refused_at_the_gate_and_others_are_not() {
+    // The gate takes a call slot before any handler runs and holds it while the
+    // call is in flight, waiting acquires included: two waits use up admin's
+    // two, and its next call is refused over gRPC and over HTTP/JSON alike,
+    // while another identity's calls go on.
+    let cluster = SecureCluster::start(&["--max-calls-per-identity", "2"]);
+    let holder = Client::connect(cluster.config_as("nightly")).await.unwrap();
+    let held = holder
+        .acquire("jobs/busy", &AcquireOptions::default())
+        .await
+        .unwrap();
+    let leader = cluster.leader().await;
+    let node = &cluster.nodes[(leader - 1) as usize];
+    let addr = node.addr();
+    let admin = LocksClient::new(
+        cluster
+            .raw(&addr, Some(("client-admin.pem", "client-admin-key.pem")))
+            .await,
+    );
+    let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    for label in ["first", "second"] {
+        let mut raw = admin.clone();
+        let session = raw
+            .create_session(CreateSessionRequest {
+                ttl_ms: 120_000,
+                label: label.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let answered = answered.clone();
+        tokio::spawn(async move {
+            let token = raw
+                .acquire(AcquireRequest {
+                    session_id: session.session_id,
+                    name: "jobs/busy".into(),
+                    wait_ms: 120_000,
+                    lock_delay_ms: 0,
+                    session_key: session.session_key,
+                    ..AcquireRequest::default()
+                })
+                .await
+                .map(|r| r.into_inner().token);
+            let _ = answered.send(token);
+        });
+    }
+    // Both waits are in flight once the leader lists both waiters (read by
+    // another identity, on the operators' listener).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, body) = curl_text(&cluster, &cluster.cert_args("reader"), node, "/status.json");
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let waiting = status["locks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["name"] == "jobs/busy")
+            .and_then(|l| l["waiters"].as_array())
+            .map_or(0, Vec::len);
+        if waiting == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the two waits never queued: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let refused = admin
+        .clone()
+        .create_session(CreateSessionRequest {
+            ttl_ms: 10_000,
+            label: "third".into(),
+        })
+        .await
+        .expect_err("past admin's 2 calls in flight");
+    assert_eq!(code(&refused), Some(ErrorCode::LimitReached), "{refused:?}");
+    let (http, body) = curl_tls(
+        &cluster,
+        &[cluster.cert_args("admin"), vec!["--http1.1".into()]].concat(),
+        ("POST", "/v1/sessions"),
+        &addr,
+        Some(&serde_json::json!({"ttl_ms": 10000, "label": "third"})),
+    );
+    assert_eq!(
+        (http, body["error"]["code"].as_str()),
+        (429, Some("limit_reached")),
+        "{body}"
+    );
+    // Another identity is not held back.
+    let other = holder
+        .acquire("jobs/other", &AcquireOptions::default())
+        .await
+        .unwrap();
+    other.release().await.unwrap();
+
+    // The grant answers one wait and frees its slot: admin may call again.
+    let first = held.token().get();
+    held.release().await.unwrap();
+    let granted = answers
+        .recv()
+        .await
+        .unwrap()
+        .expect("the wait was answered");
+    assert!(granted > first);
+    admin
+        .clone()
+        .create_session(CreateSessionRequest {
+            ttl_ms: 10_000,
+            label: "after".into(),
+        })
+        .await
+        .expect("a slot is free again");
+    let (_, metrics) = curl_text(&cluster, &cluster.cert_args("reader"), node, "/metrics");
+    assert_eq!(
+        counter(
+            &metrics,
+            "palisade_refused_total{reason=\"calls_per_identity\"}"
+        ),
+        2,
+        "{metrics}"
+    );
+}
+
 /// `curl` over TLS against a node of `cluster`, trusting only the cluster's CA,
 /// with `auth` (curl arguments: a bearer header or a client certificate).
 /// Returns the HTTP status and the JSON body.

@@ -60,7 +60,7 @@ impl Observed {
             Box::new(answer)
         };
         let caller = gatekeeper
-            .admit(&tonic::Request::from_http(request.map(|_| ())))
+            .admit(request.headers(), request.extensions())
             .map_err(refused)?;
         caller.may_observe().map_err(refused)?;
         Ok(Some(caller))

@@ -354,7 +354,7 @@ fn error(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Res
 /// A refusal of the service, with its code's HTTP status and what the gRPC
 /// status carries in metadata (the leader, the tokens of a stale release) as
 /// fields.
-fn refusal(status: &Status) -> Response {
+pub(crate) fn refusal(status: &Status) -> Response {
     let Some(code) = ErrorCode::of(status) else {
         // Not one of Palisade's refusals: a fault of the node, never bad input
         // (the service refuses that with a code).

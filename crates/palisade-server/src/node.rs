@@ -489,6 +489,7 @@ impl Serve {
         };
         let clients = serve_clients(
             &api,
+            gatekeeper.clone(),
             listeners.client,
             limits,
             counters.clone(),
@@ -577,6 +578,7 @@ impl Serve {
 /// JSON calls.
 fn serve_clients(
     api: &Api,
+    gatekeeper: Arc<Gatekeeper>,
     listener: Accepting,
     limits: crate::security::conn::Limits,
     counters: Arc<Counters>,
@@ -595,6 +597,7 @@ fn serve_clients(
         .layer(tower::util::MapResponseLayer::new(
             crate::wire_errors::mark::<tonic::body::Body>,
         ))
+        .layer(crate::security::gate::GateLayer(gatekeeper))
         .add_routes(routes.into())
         .serve_with_incoming_shutdown(
             incoming(listener, limits, counters, tls.map(Tls::client_listener)),

@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status};
 use crate::leader_check::LeaderCheck;
 use crate::leases::{KeepAliveError, LeaseKeeper};
 use crate::proposer::{ProposeError, Proposer};
+use crate::security::gate::admitted;
 use crate::security::{Caller, Gatekeeper, SessionKeys, same_secret, session_key_digest};
 use crate::store::sm::{Shared, WaitEnd};
 use crate::typ::{NodeAddr, NodeId, Raft, default_peer_addr};
@@ -516,7 +517,7 @@ impl Locks for Api {
         &self,
         req: Request<CreateSessionRequest>,
     ) -> Result<Response<CreateSessionResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         caller.may_hold_sessions()?;
         let r = req.into_inner();
         let key = self.session_keys.mint();
@@ -567,7 +568,7 @@ impl Locks for Api {
         &self,
         req: Request<KeepAliveRequest>,
     ) -> Result<Response<KeepAliveResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         caller.may_hold_sessions()?;
         let r = req.into_inner();
         let session = SessionId(r.session_id);
@@ -595,7 +596,7 @@ impl Locks for Api {
         &self,
         req: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let r = req.into_inner();
         let session = SessionId(r.session_id);
         self.check_owner(&caller, session, &r.session_key).await?;
@@ -608,7 +609,7 @@ impl Locks for Api {
         &self,
         req: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let r = req.into_inner();
         let session = SessionId(r.session_id);
         let wait = Duration::from_millis(r.wait_ms);
@@ -671,7 +672,7 @@ impl Locks for Api {
         &self,
         req: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let r = req.into_inner();
         let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
         let session = SessionId(r.session_id);
@@ -693,7 +694,7 @@ impl Locks for Api {
         &self,
         req: Request<CancelAcquireRequest>,
     ) -> Result<Response<CancelAcquireResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
         caller.may_lock(&r.name)?;
@@ -707,7 +708,7 @@ impl Locks for Api {
         &self,
         req: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
         let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
@@ -726,7 +727,7 @@ impl Locks for Api {
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let name = req.into_inner().name;
         palisade_core::limits::validate_name(&name).map_err(input)?;
         caller.may_read(&name)?;
@@ -745,7 +746,7 @@ impl Locks for Api {
         &self,
         req: Request<ObserveRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let name = req.into_inner().name;
         palisade_core::limits::validate_name(&name).map_err(input)?;
         caller.may_read(&name)?;
@@ -786,7 +787,7 @@ impl Locks for Api {
     }
 
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         if !caller.reads_something() {
             return Err(caller.may_read("").unwrap_err());
         }
@@ -806,7 +807,7 @@ impl Locks for Api {
         &self,
         req: Request<CheckTokenRequest>,
     ) -> Result<Response<CheckTokenResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         let r = req.into_inner();
         palisade_core::limits::validate_name(&r.name).map_err(input)?;
         let token = FencingToken::new(r.token).ok_or_else(|| input("token 0 is never issued"))?;
@@ -829,7 +830,7 @@ impl Locks for Api {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        let _caller = self.gatekeeper.admit(&req)?;
+        let _caller = admitted(&req)?;
         let m = self.raft.metrics().borrow_watched().clone();
         let snapshot = *self.shared.snapshot_stats.lock().expect("poisoned");
         let commit = |p: f64| {
@@ -878,7 +879,7 @@ impl Cluster for Api {
         &self,
         req: Request<TakeSnapshotRequest>,
     ) -> Result<Response<TakeSnapshotResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         caller.may_administer()?;
         let unavailable = |e: &dyn std::fmt::Display| ErrorCode::Unavailable.status(e.to_string());
         // Everything applied when asked must be in the snapshot that answers.
@@ -932,7 +933,7 @@ impl Cluster for Api {
         &self,
         req: Request<AddLearnerRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         caller.may_administer()?;
         let r = req.into_inner();
         if r.id == 0
@@ -957,7 +958,7 @@ impl Cluster for Api {
         &self,
         req: Request<ChangeMembershipRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
-        let caller = self.gatekeeper.admit(&req)?;
+        let caller = admitted(&req)?;
         caller.may_administer()?;
         let voters: BTreeSet<NodeId> = req.into_inner().voters.into_iter().collect();
         if voters.is_empty() || voters.contains(&0) {

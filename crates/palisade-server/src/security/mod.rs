@@ -20,6 +20,7 @@
 /// The policy file: now [`palisade_auth::policy`], shared with the fenced resources.
 pub use palisade_auth::policy as acl;
 pub mod conn;
+pub mod gate;
 pub mod identity;
 
 use std::collections::HashMap;
@@ -514,15 +515,19 @@ impl Gatekeeper {
     /// # Errors
     /// `unauthenticated` (no, bad or misplaced credentials) or `limit_reached`
     /// (too many calls in flight for this identity).
-    pub fn admit<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
-        let conn = conn_info(req);
+    pub fn admit(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Result<Caller, Status> {
+        let conn = extensions.get::<conn::ConnInfo>();
         let peer = conn
             .and_then(|c| c.remote)
             .map_or_else(|| "?".to_owned(), |a| a.to_string());
         let unauthenticated =
             |why: &str| self.refuse(&peer, ErrorCode::Unauthenticated.status(why));
         let policy = self.policy.read().expect("poisoned").clone();
-        let identity = if let Some(certs) = peer_certs(req) {
+        let identity = if let Some(certs) = conn.and_then(|c| c.peer_certs.as_ref()) {
             match principal_of(&certs[0]) {
                 Ok(Principal::Client(name)) => name,
                 Ok(Principal::Node(id)) => {
@@ -532,7 +537,7 @@ impl Gatekeeper {
                 }
                 Err(why) => return Err(unauthenticated(&why)),
             }
-        } else if let Some(auth) = req.metadata().get("authorization") {
+        } else if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
             if !self.tls {
                 return Err(unauthenticated(
                     "bearer tokens are refused over plaintext: they would travel in the clear",
