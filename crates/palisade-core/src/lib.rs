@@ -29,5 +29,7 @@ pub mod token;
 
 pub use lease::LeaseState;
 pub use limits::InputError;
-pub use lock::{EfficiencyLease, FencedLease, FencedLocks, LockError, LockOptions, Unreachable};
+pub use lock::{
+    EfficiencyLease, FencedLease, FencedLocks, GuaranteedLease, LockError, LockOptions, Unreachable,
+};
 pub use token::FencingToken;

@@ -202,6 +202,45 @@ pub trait FencedLease: Send + Sync + fmt::Debug {
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>>;
 }
 
+/// A grant whose guarantee is a [`Guarantee`](crate::guarantee::Guarantee)
+/// its session keeps: a backend implements these four and has
+/// [`FencedLease`] (the guarantee answers `remaining`, `guaranteed_until`,
+/// `state` and `lost`), so no backend forwards them by hand.
+pub trait GuaranteedLease: Send + Sync + fmt::Debug {
+    /// The lock's name.
+    fn lock_name(&self) -> &str;
+    /// The grant's fencing token.
+    fn fencing_token(&self) -> FencingToken;
+    /// The guarantee of the session that holds it.
+    fn guarantee(&self) -> &crate::guarantee::Guarantee;
+    /// Releases the lock.
+    fn release_boxed(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>>;
+}
+
+impl<T: GuaranteedLease> FencedLease for T {
+    fn name(&self) -> &str {
+        self.lock_name()
+    }
+    fn token(&self) -> FencingToken {
+        self.fencing_token()
+    }
+    fn remaining(&self) -> Duration {
+        self.guarantee().remaining()
+    }
+    fn guaranteed_until(&self) -> Instant {
+        self.guarantee().until()
+    }
+    fn state(&self) -> LeaseState {
+        self.guarantee().state()
+    }
+    fn lost(&self) -> BoxFuture<'static, ()> {
+        self.guarantee().lost()
+    }
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+        self.release_boxed()
+    }
+}
+
 /// One granted efficiency lock: the same shape as [`FencedLease`] without a
 /// token. Its safety depends on bounded pauses, delays and clock drift.
 pub trait EfficiencyLease: Send + Sync + fmt::Debug {

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use palisade_core::conformance::{self, Cut, Fixture, Opening, Property, Session};
 use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
-use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
+use palisade_core::{
+    FencedLease, FencedLocks, FencingToken, GuaranteedLease, LockError, LockOptions,
+};
 
 /// A bug the toy can be built with.
 const HEALTHY: u8 = 0;
@@ -297,26 +299,20 @@ impl<const BUG: u8> std::fmt::Debug for Lease<BUG> {
     }
 }
 
-impl<const BUG: u8> FencedLease for Lease<BUG> {
-    fn name(&self) -> &str {
+impl<const BUG: u8> GuaranteedLease for Lease<BUG> {
+    fn lock_name(&self) -> &str {
         &self.name
     }
-    fn token(&self) -> FencingToken {
+
+    fn fencing_token(&self) -> FencingToken {
         self.token
     }
-    fn remaining(&self) -> Duration {
-        self.guarantee.remaining()
+
+    fn guarantee(&self) -> &Guarantee {
+        &self.guarantee
     }
-    fn guaranteed_until(&self) -> Instant {
-        self.guarantee.until()
-    }
-    fn state(&self) -> LeaseState {
-        self.guarantee.state()
-    }
-    fn lost(&self) -> BoxFuture<'static, ()> {
-        self.guarantee.lost()
-    }
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+
+    fn release_boxed(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
         Box::pin(async move {
             self.server
                 .release(self.session, &self.name, self.token.get())

@@ -61,7 +61,9 @@ use std::time::{Duration, Instant};
 use palisade_core::backend::{Descriptor, Facts, Scheme};
 use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
-use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
+use palisade_core::{
+    FencedLease, FencedLocks, FencingToken, GuaranteedLease, LockError, LockOptions,
+};
 use pb::compare::{CompareResult, CompareTarget, TargetUnion};
 use pb::kv_client::KvClient;
 use pb::lease_client::LeaseClient;
@@ -924,32 +926,20 @@ impl EtcdLease {
     }
 }
 
-impl FencedLease for EtcdLease {
-    fn name(&self) -> &str {
+impl GuaranteedLease for EtcdLease {
+    fn lock_name(&self) -> &str {
         &self.name
     }
 
-    fn token(&self) -> FencingToken {
+    fn fencing_token(&self) -> FencingToken {
         self.token
     }
 
-    fn remaining(&self) -> Duration {
-        self.session.guarantee.remaining()
+    fn guarantee(&self) -> &Guarantee {
+        &self.session.guarantee
     }
 
-    fn guaranteed_until(&self) -> Instant {
-        self.session.guarantee.until()
-    }
-
-    fn state(&self) -> LeaseState {
-        self.session.guarantee.state()
-    }
-
-    fn lost(&self) -> BoxFuture<'static, ()> {
-        self.session.guarantee.lost()
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+    fn release_boxed(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
         Box::pin(async move { (*self).release().await })
     }
 }

@@ -58,7 +58,9 @@ use std::time::{Duration, Instant};
 use palisade_core::backend::{Descriptor, Facts, Scheme};
 use palisade_core::guarantee::Guarantee;
 use palisade_core::lock::BoxFuture;
-use palisade_core::{FencedLease, FencedLocks, FencingToken, LeaseState, LockError, LockOptions};
+use palisade_core::{
+    FencedLease, FencedLocks, FencingToken, GuaranteedLease, LockError, LockOptions,
+};
 use tokio::sync::broadcast;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
@@ -701,32 +703,20 @@ async fn keep_alive(
     }
 }
 
-impl FencedLease for PgLease {
-    fn name(&self) -> &str {
+impl GuaranteedLease for PgLease {
+    fn lock_name(&self) -> &str {
         &self.name
     }
 
-    fn token(&self) -> FencingToken {
+    fn fencing_token(&self) -> FencingToken {
         self.token
     }
 
-    fn remaining(&self) -> Duration {
-        self.guarantee.remaining()
+    fn guarantee(&self) -> &Guarantee {
+        &self.guarantee
     }
 
-    fn guaranteed_until(&self) -> Instant {
-        self.guarantee.until()
-    }
-
-    fn state(&self) -> LeaseState {
-        self.guarantee.state()
-    }
-
-    fn lost(&self) -> BoxFuture<'static, ()> {
-        self.guarantee.lost()
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
+    fn release_boxed(self: Box<Self>) -> BoxFuture<'static, Result<(), LockError>> {
         Box::pin(async move { (*self).release().await })
     }
 }

@@ -1103,7 +1103,10 @@ fn each_command_says_what_it_did_as_a_typed_effect() {
     );
     let b = h.session();
     let got = h.apply(acquire(a, "db", false, 0));
-    assert_eq!((got.kind, &got.effect), (CommandKind::Acquire, &Effect::None));
+    assert_eq!(
+        (got.kind, &got.effect),
+        (CommandKind::Acquire, &Effect::None)
+    );
     let token = acquired(&got);
     assert_eq!(h.apply(acquire(b, "db", true, 0)).effect, Effect::None);
 
