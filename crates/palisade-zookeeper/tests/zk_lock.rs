@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use palisade_core::conformance::{Cut, Fixture, Opening, Session};
 use palisade_core::lock::BoxFuture;
 use palisade_core::{FencedLease, FencedLocks, LockError, LockOptions};
-use palisade_faultproxy::FaultProxy;
+use palisade_faultproxy::{FaultProxies, FaultProxy};
 use palisade_testkit::ZooKeeperEnsemble;
 use palisade_zookeeper::{ZkLocks, znode_segment};
 
@@ -48,17 +48,12 @@ impl Fixture for ZooKeeper {
 
     fn cuttable_session(&self, ttl: Duration) -> Opening<'_, (Session, Cut)> {
         Box::pin(async move {
-            let mut proxies = Vec::new();
-            for e in self.ensemble.endpoints() {
-                proxies.push(FaultProxy::start(e.parse().unwrap()).await.unwrap());
-            }
-            let via: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
-            let locks = ZkLocks::connect(&via.join(","), ttl).await?;
-            let links: Vec<_> = proxies.iter().map(|p| p.link().clone()).collect();
-            let cut = Cut::new(
-                move || proxies.iter().for_each(|p| p.link().partition()),
-                move || links.iter().for_each(|l| l.heal()),
-            );
+            let proxies = FaultProxies::start(&self.ensemble.endpoints())
+                .await
+                .unwrap();
+            let locks = ZkLocks::connect(&proxies.addrs().join(","), ttl).await?;
+            let links = proxies.links();
+            let cut = Cut::new(move || proxies.partition(), move || links.heal());
             Ok((Box::new(locks) as Box<dyn FencedLocks>, cut))
         })
     }

@@ -169,6 +169,65 @@ impl Drop for FaultProxy {
     }
 }
 
+/// A proxy in front of each server of a cluster: a client that reaches the
+/// cluster through them is cut off from every server at once, and healed at
+/// once. Stops accepting when dropped.
+pub struct FaultProxies {
+    proxies: Vec<FaultProxy>,
+}
+
+impl FaultProxies {
+    /// One proxy per `upstreams` address (`HOST:PORT`), in that order.
+    ///
+    /// # Errors
+    /// When an address is not `IP:PORT`, or no loopback port can be bound.
+    pub async fn start(upstreams: &[String]) -> std::io::Result<Self> {
+        let mut proxies = Vec::with_capacity(upstreams.len());
+        for upstream in upstreams {
+            let addr = upstream.parse().map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{upstream:?} is not IP:PORT: {e}"),
+                )
+            })?;
+            proxies.push(FaultProxy::start(addr).await?);
+        }
+        Ok(FaultProxies { proxies })
+    }
+
+    /// Where clients connect, in the order of the upstreams.
+    pub fn addrs(&self) -> Vec<String> {
+        self.proxies.iter().map(|p| p.addr().to_string()).collect()
+    }
+
+    /// The links' controls, to keep apart from the proxies (which stop when
+    /// dropped).
+    pub fn links(&self) -> Links {
+        Links(self.proxies.iter().map(|p| p.link().clone()).collect())
+    }
+
+    /// Drops everything in both directions on every link.
+    pub fn partition(&self) {
+        self.links().partition();
+    }
+}
+
+/// The controls of several links, applied to all of them.
+#[derive(Clone)]
+pub struct Links(Vec<Arc<Link>>);
+
+impl Links {
+    /// [`Link::partition`] on each.
+    pub fn partition(&self) {
+        self.0.iter().for_each(|l| l.partition());
+    }
+
+    /// [`Link::heal`] on each.
+    pub fn heal(&self) {
+        self.0.iter().for_each(|l| l.heal());
+    }
+}
+
 async fn relay(client: TcpStream, server: TcpStream, link: Arc<Link>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
